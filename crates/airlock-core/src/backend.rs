@@ -1,0 +1,138 @@
+//! The backend trait: answer before running, refuse what cannot be honoured.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use airlock_policy::{
+    BackendKind, HostFacts, Isolation, Language, Layer, Limit, NetworkRecord, Policy, SandboxPath, Status, Usage,
+};
+
+use crate::driver::DriverReport;
+use crate::error::{ArtifactError, SandboxError};
+use crate::output::Captured;
+use crate::runtime::Runtime;
+
+/// What a backend can enforce on this host, found without running anything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub backend: BackendKind,
+    /// The host's resources, for checking policies.
+    pub host: HostFacts,
+    /// Layers this host can put in force.
+    pub available: BTreeSet<Layer>,
+    /// For each layer that is not available: why, and how to fix it.
+    pub missing: BTreeMap<Layer, String>,
+    /// Free-form facts worth showing (`cgroup = v1`, `landlock_abi = 7`).
+    pub details: BTreeMap<String, String>,
+}
+
+impl Probe {
+    /// Refuses `policy` if it needs a layer this host lacks and did not
+    /// explicitly accept to lose it. Returns the layers that will be missing.
+    pub fn check(&self, policy: &Policy) -> Result<Vec<Layer>, SandboxError> {
+        let mut degraded = Vec::new();
+        for (layer, why) in &self.missing {
+            if policy.allow_degraded.contains(layer) {
+                degraded.push(*layer);
+            } else {
+                return Err(SandboxError::Unavailable {
+                    layer: *layer,
+                    reason: why.clone(),
+                    degradable: airlock_policy::Layer::DEGRADABLE.contains(layer),
+                });
+            }
+        }
+        Ok(degraded)
+    }
+}
+
+/// One isolation backend. Implementations are cheap to clone or share.
+pub trait Backend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// What this host lets the backend enforce.
+    fn probe(&self) -> Result<Probe, SandboxError>;
+
+    /// Makes a sandbox for `policy` running `runtime`. Refuses, with an error
+    /// that names the missing piece, anything it cannot enforce; never runs
+    /// with less than the policy asks.
+    fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError>;
+}
+
+/// One sandbox: a work directory that lives as long as the instance, and the
+/// runs made in it. Dropping it destroys everything it made.
+pub trait Instance: Send {
+    /// Copies `data` into the work directory at `path`, creating parent
+    /// directories. Never follows a link the sandbox may have planted.
+    fn write(&mut self, path: &SandboxPath, data: &[u8]) -> Result<(), SandboxError>;
+
+    /// Reads back one regular file from the work directory, refusing links,
+    /// FIFOs and anything above `max_bytes`.
+    fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError>;
+
+    /// Runs one job in a fresh process tree (or fresh instance) and reports
+    /// what happened. Returns `Err` only when the sandbox itself failed.
+    fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError>;
+}
+
+/// One piece of code to run.
+#[derive(Clone, Debug, Default)]
+pub struct Job {
+    pub code: String,
+    pub language: Language,
+    /// Bytes for the code's standard input; empty means /dev/null.
+    pub stdin: Vec<u8>,
+    /// Working directory; `None` means /work.
+    pub cwd: Option<SandboxPath>,
+    /// The name tracebacks show for the code, e.g. `weighted_median.py`.
+    pub display_name: Option<String>,
+}
+
+impl Job {
+    /// The name tracebacks show for the code.
+    pub fn display_name(&self) -> &str {
+        self.display_name.as_deref().unwrap_or(match self.language {
+            Language::Python => "<code>",
+            Language::Sh => "<script>",
+        })
+    }
+}
+
+/// A handle that stops a run from another thread (a server shutting down).
+#[derive(Clone, Debug, Default)]
+pub struct KillSwitch(Arc<AtomicBool>);
+
+impl KillSwitch {
+    pub fn new() -> KillSwitch {
+        KillSwitch::default()
+    }
+
+    /// Asks the run to stop; the backend kills it within its polling interval.
+    pub fn kill(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// What a backend observed of one run. [`crate::record::assemble`] adds what
+/// the caller knows (code, policy, inputs, artefacts) to make the record.
+#[derive(Clone, Debug, Default)]
+pub struct Execution {
+    pub status: Status,
+    pub limits_hit: BTreeSet<Limit>,
+    pub message: Option<String>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub usage: Usage,
+    pub isolation: Isolation,
+    /// What the Python driver reported (value, error, figures); untrusted.
+    pub report: Option<DriverReport>,
+    pub network: Option<NetworkRecord>,
+}

@@ -1,0 +1,274 @@
+//! How a job becomes a program inside the sandbox, and what the Python driver
+//! reports back.
+//!
+//! Python code runs under `driver.py` (shipped inside this crate), which
+//! returns the last expression's value, structured errors and figures through
+//! a report file. Shell code runs under `/bin/sh` as it is.
+
+use airlock_policy::{ErrorInfo, Language};
+use base64::Engine;
+use serde::Deserialize;
+
+use crate::backend::Job;
+use crate::runtime::Runtime;
+
+/// The Python driver's source.
+pub const DRIVER_SOURCE: &str = include_str!("driver.py");
+
+/// The read-only folder inside the sandbox that holds the driver and the code.
+pub const PROGRAM_DIR: &str = "/.airlock";
+
+/// Name of the report file in [`PROGRAM_DIR`]; a FIFO on the Linux backend.
+pub const REPORT_FILE: &str = "report";
+
+/// Caps on what the driver may report. The supervisor enforces them again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReportCaps {
+    /// Characters of the last expression's repr.
+    pub value_chars: usize,
+    pub max_figures: usize,
+    /// Bytes of one PNG.
+    pub figure_bytes: usize,
+    /// Bytes of the whole report as read from the sandbox.
+    pub report_bytes: usize,
+}
+
+impl Default for ReportCaps {
+    fn default() -> Self {
+        ReportCaps {
+            value_chars: 64 * 1024,
+            max_figures: 16,
+            figure_bytes: 4 * 1024 * 1024,
+            report_bytes: 24 * 1024 * 1024,
+        }
+    }
+}
+
+/// A file the program needs in [`PROGRAM_DIR`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramFile {
+    pub name: &'static str,
+    pub content: Vec<u8>,
+}
+
+/// What to execute inside the sandbox for a job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Program {
+    /// argv; argv[0] is the absolute path to execute.
+    pub argv: Vec<String>,
+    /// Files to place in [`PROGRAM_DIR`] first.
+    pub files: Vec<ProgramFile>,
+    /// Whether the program writes a report to [`REPORT_FILE`].
+    pub reports: bool,
+}
+
+/// Builds the program for `job` with `runtime`.
+pub fn program(job: &Job, runtime: &Runtime, caps: &ReportCaps) -> Program {
+    match job.language {
+        Language::Python => Program {
+            argv: vec![
+                runtime.python.to_string_lossy().into_owned(),
+                // Unbuffered, so output written before a kill is not lost.
+                "-u".to_owned(),
+                format!("{PROGRAM_DIR}/driver.py"),
+                format!("{PROGRAM_DIR}/main.py"),
+                job.display_name().to_owned(),
+                format!("{PROGRAM_DIR}/{REPORT_FILE}"),
+                caps.value_chars.to_string(),
+                caps.max_figures.to_string(),
+                caps.figure_bytes.to_string(),
+            ],
+            files: vec![
+                ProgramFile { name: "driver.py", content: DRIVER_SOURCE.as_bytes().to_vec() },
+                ProgramFile { name: "main.py", content: job.code.as_bytes().to_vec() },
+            ],
+            reports: true,
+        },
+        Language::Sh => Program {
+            argv: vec!["/bin/sh".to_owned(), format!("{PROGRAM_DIR}/main.sh")],
+            files: vec![ProgramFile { name: "main.sh", content: job.code.as_bytes().to_vec() }],
+            reports: false,
+        },
+    }
+}
+
+/// A figure the driver returned, checked to be a PNG.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Figure {
+    pub name: String,
+    pub width: u32,
+    pub height: u32,
+    pub png: Vec<u8>,
+}
+
+/// What the driver reported, after checking.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverReport {
+    pub value: Option<String>,
+    pub error: Option<ErrorInfo>,
+    /// The module a `ModuleNotFoundError` named.
+    pub missing_module: Option<String>,
+    pub figures: Vec<Figure>,
+    /// Problems with the report itself or with figures, for the record's message.
+    pub problems: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct RawReport {
+    value: Option<String>,
+    #[serde(default)]
+    value_truncated: bool,
+    error: Option<RawError>,
+    #[serde(default)]
+    figures: Vec<RawFigure>,
+    #[serde(default)]
+    figure_errors: Vec<String>,
+    #[serde(default)]
+    figures_dropped: u32,
+}
+
+#[derive(Deserialize)]
+struct RawError {
+    #[serde(rename = "type")]
+    kind: String,
+    message: String,
+    traceback: String,
+    line: Option<u32>,
+    column: Option<u32>,
+    module: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawFigure {
+    name: String,
+    png_base64: String,
+}
+
+const MAX_TEXT: usize = 256 * 1024;
+
+/// Parses the driver's report. The bytes come from inside the sandbox: every
+/// field is capped and every figure re-checked; a bad report is a problem
+/// noted in the result, never an error of the run.
+pub fn parse_report(bytes: &[u8], caps: &ReportCaps) -> DriverReport {
+    let mut report = DriverReport::default();
+    if bytes.is_empty() {
+        return report;
+    }
+    if bytes.len() > caps.report_bytes {
+        report.problems.push(format!("the driver's report passed its cap of {} bytes and was dropped", caps.report_bytes));
+        return report;
+    }
+    let raw: RawReport = match serde_json::from_slice(bytes) {
+        Ok(raw) => raw,
+        Err(e) => {
+            report.problems.push(format!("the driver's report could not be read: {e}"));
+            return report;
+        }
+    };
+    report.value = raw.value.map(|v| cap_chars(v, caps.value_chars));
+    if raw.value_truncated {
+        report.problems.push(format!("the value was cut at {} characters", caps.value_chars));
+    }
+    if let Some(e) = raw.error {
+        report.missing_module = e.module.filter(|_| e.kind == "ModuleNotFoundError").map(|m| cap_chars(m, 256));
+        report.error = Some(ErrorInfo {
+            kind: cap_chars(e.kind, 256),
+            message: cap_chars(e.message, MAX_TEXT),
+            traceback: cap_chars(e.traceback, MAX_TEXT),
+            line: e.line,
+            column: e.column,
+        });
+    }
+    for fig in raw.figures {
+        if report.figures.len() >= caps.max_figures {
+            report.problems.push(format!("figures past the first {} were dropped", caps.max_figures));
+            break;
+        }
+        let name = sanitize_name(&fig.name);
+        let png = match base64::engine::general_purpose::STANDARD.decode(fig.png_base64.as_bytes()) {
+            Ok(png) => png,
+            Err(_) => {
+                report.problems.push(format!("{name} was not valid base64 and was dropped"));
+                continue;
+            }
+        };
+        if png.len() > caps.figure_bytes {
+            report.problems.push(format!("{name} was {} bytes, above the cap of {}", png.len(), caps.figure_bytes));
+            continue;
+        }
+        match png_size(&png) {
+            Some((width, height)) => report.figures.push(Figure { name, width, height, png }),
+            None => report.problems.push(format!("{name} was not a PNG and was dropped")),
+        }
+    }
+    report.problems.extend(raw.figure_errors.into_iter().take(16).map(|e| cap_chars(e, 1000)));
+    if raw.figures_dropped > 0 {
+        report.problems.push(format!("{} figures past the cap were not rendered", raw.figures_dropped));
+    }
+    report
+}
+
+fn cap_chars(mut text: String, max: usize) -> String {
+    if let Some((at, _)) = text.char_indices().nth(max) {
+        text.truncate(at);
+    }
+    text
+}
+
+/// A file name safe to write on the host: no separators, no leading dot.
+fn sanitize_name(name: &str) -> String {
+    let clean: String = name
+        .chars()
+        .take(100)
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
+        .collect();
+    let clean = clean.trim_start_matches('.').to_owned();
+    if clean.is_empty() { "figure.png".to_owned() } else { clean }
+}
+
+/// Width and height from a PNG's header, or `None` if it is not a PNG.
+pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
+    const SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+    if png.len() < 24 || &png[..8] != SIGNATURE || &png[12..16] != b"IHDR" {
+        return None;
+    }
+    let width = u32::from_be_bytes(png[16..20].try_into().ok()?);
+    let height = u32::from_be_bytes(png[20..24].try_into().ok()?);
+    (width > 0 && height > 0).then_some((width, height))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_png(w: u32, h: u32) -> Vec<u8> {
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&w.to_be_bytes());
+        png.extend_from_slice(&h.to_be_bytes());
+        png.extend_from_slice(&[8, 6, 0, 0, 0]);
+        png
+    }
+
+    #[test]
+    fn reads_a_report_and_checks_figures() {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(tiny_png(640, 480));
+        let json = format!(
+            r#"{{"value": "42", "figures": [{{"name": "../figure-1.png", "png_base64": "{b64}"}}, {{"name": "x", "png_base64": "bm90IGEgcG5n"}}]}}"#
+        );
+        let r = parse_report(json.as_bytes(), &ReportCaps::default());
+        assert_eq!(r.value.as_deref(), Some("42"));
+        assert_eq!(r.figures.len(), 1);
+        assert_eq!((r.figures[0].width, r.figures[0].height), (640, 480));
+        assert_eq!(r.figures[0].name, "_figure-1.png");
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+    }
+
+    #[test]
+    fn garbage_is_a_problem_not_a_failure() {
+        let r = parse_report(b"{not json", &ReportCaps::default());
+        assert!(r.value.is_none());
+        assert_eq!(r.problems.len(), 1);
+        let caps = ReportCaps { report_bytes: 4, ..ReportCaps::default() };
+        assert_eq!(parse_report(b"{\"value\": \"x\"}", &caps).problems.len(), 1);
+    }
+}

@@ -1,0 +1,28 @@
+//! airlock's plain data: what a run may do, and what it did.
+//!
+//! Every front door (the command line, the HTTP API, MCP, the Python package)
+//! fills the same [`PolicySpec`]; one function, [`Policy::from_spec`], checks it
+//! against the facts of the host ([`HostFacts`]) and turns it into a [`Policy`].
+//! Every run, on every backend, leaves one [`RunRecord`].
+//!
+//! This crate makes no system calls and holds no `unsafe`: backends read the
+//! host, this crate only decides.
+
+#![forbid(unsafe_code)]
+
+mod network;
+mod path;
+mod policy;
+mod record;
+mod spec;
+
+pub use network::{DEFAULT_PORTS, HostPattern, HostRule, HostRuleError, normalize_name};
+pub use path::{SandboxPath, SandboxPathError, WORK_DIR};
+pub use policy::{
+    BackendKind, HostFacts, Layer, Limits, NetworkPolicy, OutputOverflow, Policy, PolicyError,
+};
+pub use record::{
+    ArtifactRecord, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Limit,
+    NetworkEvent, NetworkRecord, NetworkVerdict, RECORD_SCHEMA_VERSION, RunRecord, Status, Usage,
+};
+pub use spec::PolicySpec;
