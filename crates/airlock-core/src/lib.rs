@@ -16,6 +16,7 @@ pub mod backend;
 pub mod driver;
 pub mod error;
 pub mod output;
+pub mod paths;
 pub mod record;
 pub mod runtime;
 
