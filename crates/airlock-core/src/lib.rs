@@ -22,7 +22,7 @@ pub mod runtime;
 
 pub use backend::{Backend, Execution, Instance, Job, KillSwitch, Probe};
 pub use error::{ArtifactError, SandboxError};
-pub use runtime::Runtime;
+pub use runtime::{Runtime, RuntimeMount};
 
 /// Lower-case hex SHA-256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {

@@ -1,0 +1,497 @@
+//! Cgroups, supervisor side: one cgroup per run, nested under the cgroup the
+//! caller runs in, entered by the helper before any code runs, removed after.
+//!
+//! Two hierarchies sit behind one trait, [`RunCgroup`]: cgroup v1 (one
+//! directory per controller, as on hybrid hosts) and cgroup v2 (one unified
+//! directory). airlock only ever creates, writes and removes directories it
+//! named itself (`airlock-<pid>-<start time>-<n>`); it never writes to the
+//! cgroup it runs in, except, on v2, to a cgroup the operator delegated to it
+//! with `AIRLOCK_CGROUP`.
+
+mod v1;
+mod v2;
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The limits a run's cgroup enforces.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CgroupLimits {
+    pub memory_bytes: u64,
+    /// Processes and threads, including airlock's own two (helper and init).
+    pub pids: u32,
+    /// CPU bandwidth in CPUs.
+    pub cpus: f64,
+}
+
+/// What a run's cgroup observed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    pub peak_memory_bytes: Option<u64>,
+    /// Processes the kernel's OOM killer killed in the cgroup.
+    pub oom_kills: u64,
+    /// Times a fork or clone failed at the pids limit.
+    pub pids_max_hits: u64,
+    pub cpu_usage: Option<Duration>,
+}
+
+/// One run's cgroup, on either hierarchy.
+pub trait RunCgroup: Send {
+    /// Moves process `pid` (and its future children) into the cgroup.
+    fn attach(&self, pid: u32) -> io::Result<()>;
+    /// CPU time used so far by every process of the run.
+    fn cpu_usage(&self) -> Option<Duration>;
+    fn stats(&self) -> CgroupStats;
+    /// Kills every process left in the cgroup.
+    fn kill_all(&self);
+    /// Removes the cgroup; retries briefly while the kernel finishes tearing
+    /// the processes down.
+    fn remove(&mut self) -> io::Result<()>;
+    /// "v1" or "v2", for the record.
+    fn version(&self) -> &'static str;
+}
+
+/// Where runs' cgroups are made on this host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// cgroup v1: the caller's cgroup in each controller's hierarchy.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: PathBuf,
+        cpuacct: Option<PathBuf>,
+    },
+    /// cgroup v2: the parent directory, and whether airlock may enable
+    /// controllers in it (only when the operator delegated it).
+    V2 { parent: PathBuf, delegated: bool },
+}
+
+/// The environment variable naming a cgroup delegated to airlock.
+pub const DELEGATED_CGROUP_ENV: &str = "AIRLOCK_CGROUP";
+
+const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+impl Hierarchy {
+    /// Finds where this process may make cgroups, or says why it cannot.
+    pub fn detect() -> Result<Hierarchy, String> {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        let membership = fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        let delegated = std::env::var_os(DELEGATED_CGROUP_ENV).map(PathBuf::from);
+        let read_controllers =
+            |mount: &Path| fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        let hierarchy = Hierarchy::from_tables(
+            &mountinfo,
+            &membership,
+            delegated.as_deref(),
+            &read_controllers,
+        )?;
+        hierarchy.check_writable()?;
+        Ok(hierarchy)
+    }
+
+    /// Decides from the text of /proc/self/mountinfo and /proc/self/cgroup;
+    /// `read_controllers` gives a cgroup2 mount's `cgroup.controllers`.
+    pub fn from_tables(
+        mountinfo: &str,
+        membership: &str,
+        delegated: Option<&Path>,
+        read_controllers: &dyn Fn(&Path) -> String,
+    ) -> Result<Hierarchy, String> {
+        let mounts = parse_mountinfo(mountinfo);
+        // A unified hierarchy that has the controllers wins: it is the future
+        // and the only place they can be on a pure v2 host.
+        if let Some(unified) = mounts.iter().find(|m| m.fstype == "cgroup2") {
+            let controllers = read_controllers(&unified.mount_point);
+            let has_all = CONTROLLERS
+                .iter()
+                .all(|c| controllers.split_whitespace().any(|x| x == *c));
+            if has_all {
+                let parent = match delegated {
+                    Some(path) => path.to_owned(),
+                    None => {
+                        let own = membership
+                            .lines()
+                            .find_map(|l| l.strip_prefix("0::"))
+                            .ok_or("this process is not in a cgroup v2 cgroup")?;
+                        join_beneath(&unified.mount_point, &unified.root, own)?
+                    }
+                };
+                return Ok(Hierarchy::V2 {
+                    parent,
+                    delegated: delegated.is_some(),
+                });
+            }
+        }
+        let find = |controller: &str| -> Result<Option<PathBuf>, String> {
+            let Some(mount) = mounts
+                .iter()
+                .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == controller))
+            else {
+                return Ok(None);
+            };
+            let own = membership
+                .lines()
+                .find_map(|line| {
+                    let mut parts = line.splitn(3, ':');
+                    let (_, list, path) = (parts.next()?, parts.next()?, parts.next()?);
+                    list.split(',').any(|c| c == controller).then_some(path)
+                })
+                .ok_or_else(|| format!("this process is in no {controller} cgroup"))?;
+            match delegated {
+                Some(path) => Ok(Some(
+                    mount
+                        .mount_point
+                        .join(path.strip_prefix("/").unwrap_or(path)),
+                )),
+                None => join_beneath(&mount.mount_point, &mount.root, own).map(Some),
+            }
+        };
+        match (find("memory")?, find("pids")?, find("cpu")?) {
+            (Some(memory), Some(pids), Some(cpu)) => Ok(Hierarchy::V1 { memory, pids, cpu, cpuacct: find("cpuacct")? }),
+            _ => Err("no cgroup hierarchy here has the memory, pids and cpu controllers (neither a cgroup v2 \
+                      mount with them enabled nor cgroup v1 mounts of each)"
+                .to_owned()),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), String> {
+        let dirs: Vec<&Path> = match self {
+            Hierarchy::V1 {
+                memory, pids, cpu, ..
+            } => vec![memory, pids, cpu],
+            Hierarchy::V2 { parent, .. } => vec![parent],
+        };
+        for dir in dirs {
+            if rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_err() {
+                return Err(format!(
+                    "this user may not create cgroups under {}; run as root, or delegate a cgroup to this user \
+                     (chown it, or systemd-run --user --scope -p Delegate=yes) and run airlock inside it{}",
+                    dir.display(),
+                    if matches!(self, Hierarchy::V2 { .. }) {
+                        format!(" or name it in {DELEGATED_CGROUP_ENV}")
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+        }
+        if let Hierarchy::V2 { parent, delegated } = self {
+            v2::check_controllers(parent, *delegated)?;
+        }
+        Ok(())
+    }
+
+    /// "v1" or "v2".
+    pub fn version(&self) -> &'static str {
+        match self {
+            Hierarchy::V1 { .. } => "v1",
+            Hierarchy::V2 { .. } => "v2",
+        }
+    }
+
+    /// Makes a fresh cgroup for one run, with `limits` set.
+    pub fn create(&self, limits: &CgroupLimits) -> io::Result<Box<dyn RunCgroup>> {
+        let name = run_cgroup_name();
+        match self {
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => Ok(Box::new(v1::V1Cgroup::create(
+                &name,
+                memory,
+                pids,
+                cpu,
+                cpuacct.as_deref(),
+                limits,
+            )?)),
+            Hierarchy::V2 { parent, delegated } => Ok(Box::new(v2::V2Cgroup::create(
+                &name, parent, *delegated, limits,
+            )?)),
+        }
+    }
+
+    /// Removes the cgroups a crashed airlock left behind: those named for a
+    /// process that no longer exists. Errors are ignored: it is housekeeping.
+    pub fn remove_stale(&self) {
+        let parents: Vec<&Path> = match self {
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
+                let mut v = vec![memory.as_path(), pids.as_path(), cpu.as_path()];
+                v.extend(cpuacct.as_deref());
+                v
+            }
+            Hierarchy::V2 { parent, .. } => vec![parent.as_path()],
+        };
+        for parent in parents {
+            let Ok(entries) = fs::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if is_stale(name) {
+                    let dir = entry.path();
+                    kill_procs(&dir);
+                    let _ = remove_dir_retrying(&dir);
+                }
+            }
+        }
+    }
+}
+
+/// A mounted cgroup filesystem.
+struct CgroupMount {
+    root: String,
+    mount_point: PathBuf,
+    fstype: String,
+    options: Vec<String>,
+}
+
+fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fields: Vec<&str> = left.split(' ').collect();
+            let mut rest = right.split(' ');
+            let fstype = rest.next()?;
+            let _source = rest.next()?;
+            let super_options = rest.next().unwrap_or("");
+            if fstype != "cgroup" && fstype != "cgroup2" {
+                return None;
+            }
+            Some(CgroupMount {
+                root: unescape(fields.get(3)?),
+                mount_point: PathBuf::from(unescape(fields.get(4)?)),
+                fstype: fstype.to_owned(),
+                options: super_options.split(',').map(str::to_owned).collect(),
+            })
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(field: &str) -> String {
+    field
+        .replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// The directory of cgroup `path` in a hierarchy mounted at `mount_point`
+/// whose root is `mount_root` (not "/" inside containers).
+fn join_beneath(mount_point: &Path, mount_root: &str, path: &str) -> Result<PathBuf, String> {
+    let relative = if mount_root == "/" {
+        path.trim_start_matches('/')
+    } else {
+        path.strip_prefix(mount_root)
+            .ok_or_else(|| {
+                format!("this process's cgroup {path} is outside the mounted part {mount_root}")
+            })?
+            .trim_start_matches('/')
+    };
+    if relative.split('/').any(|c| c == "..") {
+        return Err(format!("unexpected cgroup path {path}"));
+    }
+    Ok(mount_point.join(relative))
+}
+
+/// `airlock-<pid>-<start time>-<n>`: unique, and tells whether its maker lives.
+fn run_cgroup_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let start = process_start_time(pid).unwrap_or(0);
+    format!(
+        "airlock-{pid}-{start}-{}",
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn is_stale(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("airlock-") else {
+        return false;
+    };
+    let mut parts = rest.split('-');
+    let (Some(pid), Some(start)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    process_start_time(pid) != Some(start)
+}
+
+/// A process's start time in clock ticks since boot (field 22 of stat).
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+/// SIGKILLs every process listed in `dir/cgroup.procs`.
+fn kill_procs(dir: &Path) {
+    for _ in 0..10 {
+        let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
+            return;
+        };
+        let pids: Vec<i32> = procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
+    let mut last = Ok(());
+    for attempt in 0..50 {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => last = Err(e),
+        }
+        // EBUSY while the kernel still tears down the last tasks.
+        std::thread::sleep(Duration::from_millis(if attempt < 10 { 2 } else { 20 }));
+    }
+    last
+}
+
+fn write(path: &Path, value: impl AsRef<[u8]>) -> io::Result<()> {
+    fs::write(path, value)
+        .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The value of `key` in a flat keyed file (`key value` per line).
+fn read_key(path: &Path, key: &str) -> Option<u64> {
+    fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+    const HYBRID_CGROUP: &str = "\
+8:pids:/
+4:memory:/process_api/917b
+2:cpuacct:/
+1:cpu:/
+0::/
+";
+
+    #[test]
+    fn hybrid_hosts_use_v1_nested_under_our_own_cgroups() {
+        let h =
+            Hierarchy::from_tables(HYBRID_MOUNTINFO, HYBRID_CGROUP, None, &|_| "hugetlb".into())
+                .unwrap();
+        assert_eq!(
+            h,
+            Hierarchy::V1 {
+                memory: "/sys/fs/cgroup/memory/process_api/917b".into(),
+                pids: "/sys/fs/cgroup/pids".into(),
+                cpu: "/sys/fs/cgroup/cpu".into(),
+                cpuacct: Some("/sys/fs/cgroup/cpuacct".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_container_s_mount_root_is_stripped() {
+        let mountinfo =
+            "40 31 0:38 /docker/abc /sys/fs/cgroup rw - cgroup cgroup rw,memory,pids,cpu\n";
+        let cgroup = "5:memory,pids,cpu:/docker/abc/app\n";
+        let h = Hierarchy::from_tables(mountinfo, cgroup, None, &|_| String::new()).unwrap();
+        assert!(
+            matches!(h, Hierarchy::V1 { memory, .. } if memory == Path::new("/sys/fs/cgroup/app"))
+        );
+    }
+
+    #[test]
+    fn a_unified_hierarchy_with_the_controllers_wins() {
+        let mountinfo = "30 23 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let h = Hierarchy::from_tables(mountinfo, "0::/user.slice/app\n", None, &|_| {
+            "cpu io memory pids".into()
+        })
+        .unwrap();
+        assert_eq!(
+            h,
+            Hierarchy::V2 {
+                parent: "/sys/fs/cgroup/user.slice/app".into(),
+                delegated: false
+            }
+        );
+        let d = Path::new("/sys/fs/cgroup/delegated");
+        let h =
+            Hierarchy::from_tables(mountinfo, "0::/x\n", Some(d), &|_| "cpu memory pids".into())
+                .unwrap();
+        assert_eq!(
+            h,
+            Hierarchy::V2 {
+                parent: d.into(),
+                delegated: true
+            }
+        );
+    }
+
+    #[test]
+    fn no_controllers_is_a_clear_error() {
+        let err = Hierarchy::from_tables(
+            "1 0 0:1 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n",
+            "0::/\n",
+            None,
+            &|_| String::new(),
+        )
+        .unwrap_err();
+        assert!(err.contains("memory, pids and cpu"), "{err}");
+    }
+
+    #[test]
+    fn names_say_whether_their_maker_lives() {
+        let name = run_cgroup_name();
+        assert!(!is_stale(&name), "our own cgroup is not stale");
+        assert!(is_stale("airlock-999999999-1-0"), "no such process");
+        let pid = std::process::id();
+        assert!(
+            is_stale(&format!("airlock-{pid}-1-0")),
+            "same pid, another start time"
+        );
+        assert!(
+            !is_stale("someone-else"),
+            "never touch what we did not name"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! cgroup v1: a directory per controller (memory, pids, cpu, and cpuacct for
+//! usage when it is mounted apart from cpu).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{
+    CgroupLimits, CgroupStats, RunCgroup, kill_procs, read_key, read_u64, remove_dir_retrying,
+    write,
+};
+
+/// The CFS period airlock uses for CPU quotas, in microseconds.
+const CFS_PERIOD_US: u64 = 100_000;
+
+pub struct V1Cgroup {
+    memory: PathBuf,
+    pids: PathBuf,
+    cpu: PathBuf,
+    /// Where cpuacct.usage is: the cpuacct hierarchy, or cpu's when co-mounted.
+    cpuacct: Option<PathBuf>,
+    /// Every directory made, for removal in reverse order.
+    made: Vec<PathBuf>,
+}
+
+impl V1Cgroup {
+    pub fn create(
+        name: &str,
+        memory: &Path,
+        pids: &Path,
+        cpu: &Path,
+        cpuacct: Option<&Path>,
+        limits: &CgroupLimits,
+    ) -> io::Result<V1Cgroup> {
+        let mut cgroup = V1Cgroup {
+            memory: memory.join(name),
+            pids: pids.join(name),
+            cpu: cpu.join(name),
+            cpuacct: None,
+            made: Vec::new(),
+        };
+        let mut dirs = vec![
+            cgroup.memory.clone(),
+            cgroup.pids.clone(),
+            cgroup.cpu.clone(),
+        ];
+        if let Some(acct) = cpuacct.filter(|a| *a != cpu) {
+            dirs.push(acct.join(name));
+        }
+        for dir in &dirs {
+            // A failure part-way leaves `made` for Drop to remove.
+            fs::create_dir(dir).map_err(|e| {
+                io::Error::new(e.kind(), format!("creating {}: {e}", dir.display()))
+            })?;
+            cgroup.made.push(dir.clone());
+        }
+        cgroup.cpuacct = if cgroup.cpu.join("cpuacct.usage").exists() {
+            Some(cgroup.cpu.clone())
+        } else {
+            dirs.get(3).cloned()
+        };
+
+        // Swap: the memory+swap limit equals the memory limit, so a run can
+        // never page out to get more. Without swap accounting (memsw files
+        // absent) swappiness 0 keeps the kernel from swapping the cgroup.
+        write(
+            &cgroup.memory.join("memory.limit_in_bytes"),
+            limits.memory_bytes.to_string(),
+        )?;
+        let memsw = cgroup.memory.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            write(&memsw, limits.memory_bytes.to_string())?;
+        }
+        let _ = write(&cgroup.memory.join("memory.swappiness"), "0");
+        write(&cgroup.pids.join("pids.max"), limits.pids.to_string())?;
+        write(
+            &cgroup.cpu.join("cpu.cfs_period_us"),
+            CFS_PERIOD_US.to_string(),
+        )?;
+        let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
+        write(&cgroup.cpu.join("cpu.cfs_quota_us"), quota.to_string())?;
+        Ok(cgroup)
+    }
+}
+
+impl RunCgroup for V1Cgroup {
+    fn attach(&self, pid: u32) -> io::Result<()> {
+        for dir in &self.made {
+            write(&dir.join("cgroup.procs"), pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn cpu_usage(&self) -> Option<Duration> {
+        read_u64(&self.cpuacct.as_ref()?.join("cpuacct.usage")).map(Duration::from_nanos)
+    }
+
+    fn stats(&self) -> CgroupStats {
+        CgroupStats {
+            peak_memory_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")),
+            oom_kills: read_key(&self.memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
+            pids_max_hits: read_key(&self.pids.join("pids.events"), "max").unwrap_or(0),
+            cpu_usage: self.cpu_usage(),
+        }
+    }
+
+    fn kill_all(&self) {
+        // Every process of the run is in each controller's cgroup; one list suffices.
+        kill_procs(&self.pids);
+    }
+
+    fn remove(&mut self) -> io::Result<()> {
+        self.kill_all();
+        let mut first_error = Ok(());
+        while let Some(dir) = self.made.pop() {
+            if let Err(e) = remove_dir_retrying(&dir) {
+                first_error = first_error.and(Err(io::Error::new(
+                    e.kind(),
+                    format!("removing {}: {e}", dir.display()),
+                )));
+            }
+        }
+        first_error
+    }
+
+    fn version(&self) -> &'static str {
+        "v1"
+    }
+}
+
+impl Drop for V1Cgroup {
+    fn drop(&mut self) {
+        let _ = self.remove();
+    }
+}

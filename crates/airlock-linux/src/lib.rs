@@ -1,0 +1,238 @@
+//! airlock's Linux backend.
+//!
+//! # Design
+//!
+//! A sandbox ([`LinuxInstance`]) is a user namespace, a mount namespace and
+//! a tmpfs (the "stage": /work, /tmp and the root's layout), made once by the
+//! helper and then held only by descriptors in the supervisor: no process,
+//! no mount on the host. Dropping the instance closes them and the kernel
+//! frees everything. Each run is a fresh process tree in fresh PID, network,
+//! IPC, UTS and cgroup namespaces and a fresh copy of the mount namespace,
+//! in a cgroup of its own.
+//!
+//! The supervisor (this library, possibly in a multi-threaded program) never
+//! sets anything up in a fork of itself: it starts `airlock-init` with
+//! fork+exec and sends it a plan. The helper, single-threaded, does the work
+//! in the order `child.rs` shows on one screen: join the sandbox, new
+//! namespaces, hostname, loopback, mounts and pivot_root, rlimits,
+//! capabilities and no_new_privs, Landlock, and, in the code's own process,
+//! close every descriptor but 0-2, seccomp last, exec.
+//!
+//! One file per concern, each with its supervisor half and its child half:
+//! `userns`, `mounts`, `network`, `cgroup` (v1 and v2 behind one trait),
+//! `limits`, `caps`, `landlock`, `seccomp` (policy as data, compiled here),
+//! `copy` (copy-in and copy-out), `process`, `supervise` (the run loop),
+//! `protocol` (the messages between the two halves).
+
+mod caps;
+mod cgroup;
+pub mod child;
+mod copy;
+mod instance;
+mod landlock;
+mod limits;
+mod mounts;
+mod network;
+mod probe;
+mod process;
+pub mod protocol;
+pub mod seccomp;
+mod supervise;
+mod sys;
+mod userns;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, OnceLock};
+
+use airlock_core::{Backend, Instance, Probe, Runtime, SandboxError};
+use airlock_policy::{BackendKind, Layer, Policy, SandboxPath};
+
+pub use cgroup::{DELEGATED_CGROUP_ENV, Hierarchy};
+pub use instance::LinuxInstance;
+pub use network::PROXY_ADDR;
+
+use crate::protocol::{Reply, Request, SetupPlan};
+
+/// The environment variable naming the helper binary, for installs where it
+/// is not beside the running program.
+pub const HELPER_ENV: &str = "AIRLOCK_INIT";
+/// The helper's file name.
+pub const HELPER_NAME: &str = "airlock-init";
+
+/// The Linux backend. Cheap to share; the host is probed once.
+#[derive(Debug, Default)]
+pub struct LinuxBackend {
+    helper: Option<PathBuf>,
+    state: OnceLock<HostState>,
+}
+
+#[derive(Debug)]
+struct HostState {
+    cgroups: Result<Hierarchy, String>,
+    probe: Probe,
+    seccomp: Result<Arc<Vec<seccomp::Instruction>>, String>,
+}
+
+impl LinuxBackend {
+    /// A backend that finds its helper through [`HELPER_ENV`], beside the
+    /// running program, or on PATH.
+    pub fn new() -> LinuxBackend {
+        LinuxBackend::default()
+    }
+
+    /// A backend using this helper binary.
+    pub fn with_helper(helper: impl Into<PathBuf>) -> LinuxBackend {
+        LinuxBackend {
+            helper: Some(helper.into()),
+            state: OnceLock::new(),
+        }
+    }
+
+    fn state(&self) -> &HostState {
+        self.state.get_or_init(|| {
+            let cgroups = Hierarchy::detect();
+            if let Ok(h) = &cgroups {
+                // The next start after a crash cleans up what it left.
+                h.remove_stale();
+            }
+            let probe = probe::probe(&cgroups);
+            let seccomp = seccomp::Policy::default_policy()
+                .and_then(|p| seccomp::compile(&p))
+                .map(Arc::new)
+                .map_err(|e| e.to_string());
+            HostState {
+                cgroups,
+                probe,
+                seccomp,
+            }
+        })
+    }
+
+    /// Where the helper binary is.
+    pub fn helper_path(&self) -> Result<PathBuf, SandboxError> {
+        if let Some(path) = &self.helper {
+            return Ok(path.clone());
+        }
+        if let Some(path) = std::env::var_os(HELPER_ENV).filter(|p| !p.is_empty()) {
+            return Ok(PathBuf::from(path));
+        }
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|d| d.join(HELPER_NAME)));
+        let on_path = std::env::var_os("PATH")
+            .map(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join(HELPER_NAME))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        beside.into_iter().chain(on_path).find(|p| p.is_file()).ok_or_else(|| SandboxError::Missing {
+            what: format!("the sandbox helper `{HELPER_NAME}`"),
+            hint: format!("install it beside the airlock program or on PATH, or set {HELPER_ENV} to its path"),
+        })
+    }
+}
+
+impl Backend for LinuxBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Linux
+    }
+
+    fn probe(&self) -> Result<Probe, SandboxError> {
+        Ok(self.state().probe.clone())
+    }
+
+    fn create(
+        &self,
+        policy: &Policy,
+        runtime: &Runtime,
+    ) -> Result<Box<dyn Instance>, SandboxError> {
+        let state = self.state();
+        policy.check(&state.probe.host)?;
+        let degraded = state.probe.check(policy)?;
+        let seccomp = state.seccomp.clone().map_err(|e| SandboxError::Setup {
+            step: "compile the seccomp filter".to_owned(),
+            detail: e,
+        })?;
+        let helper = self.helper_path()?;
+        let (layout, binds) = mounts::layout_for(runtime).map_err(|e| SandboxError::Setup {
+            step: "lay out the sandbox".to_owned(),
+            detail: e.to_string(),
+        })?;
+        let plan = SetupPlan {
+            supervisor_pid: std::process::id() as i32,
+            tmpfs_bytes: policy.limits.disk_bytes + mounts::LAYOUT_BYTES,
+            tmpfs_inodes: policy.limits.disk_inodes + mounts::LAYOUT_INODES,
+            layout,
+        };
+        let [user_ns, mount_ns, stage, work, tmp] = setup(&helper, plan)?;
+        for (name, content) in &runtime.tmp_seed {
+            let path = SandboxPath::parse(name)?;
+            copy::write(tmp.as_fd(), &path, content)?;
+        }
+        let cgroups = if degraded.contains(&Layer::Cgroups) {
+            None
+        } else {
+            state.cgroups.clone().ok()
+        };
+        Ok(Box::new(LinuxInstance {
+            helper,
+            policy: policy.clone(),
+            runtime: runtime.clone(),
+            user_ns,
+            mount_ns,
+            stage,
+            work,
+            binds,
+            cgroups,
+            degraded,
+            seccomp,
+            landlock_abi: sys::landlock_abi(),
+            written: 0,
+        }))
+    }
+}
+
+/// Runs the helper's setup and returns the sandbox's descriptors:
+/// user ns, mount ns, stage root, /work, /tmp.
+fn setup(helper: &Path, plan: SetupPlan) -> Result<[OwnedFd; 5], SandboxError> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+    let step = |detail: String| SandboxError::Setup {
+        step: "create the sandbox".to_owned(),
+        detail,
+    };
+    let (ours, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| SandboxError::io("creating a socket for the helper", e.into()))?;
+    let mut child = Command::new(helper)
+        .env_clear()
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| SandboxError::io(format!("starting the helper {}", helper.display()), e))?;
+    let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
+    let reply = sent.and_then(|()| protocol::recv::<Reply>(ours.as_fd()));
+    let _ = child.wait();
+    match reply {
+        Ok(Some((Reply::SetupDone, fds))) => fds.try_into().map_err(|fds: Vec<OwnedFd>| {
+            step(format!(
+                "the helper handed over {} descriptors, not 5",
+                fds.len()
+            ))
+        }),
+        Ok(Some((Reply::Failed(failure), _))) => Err(SandboxError::Setup {
+            step: failure.step.clone(),
+            detail: failure.to_string(),
+        }),
+        Ok(Some((other, _))) => Err(step(format!("unexpected reply {other:?}"))),
+        Ok(None) => Err(step("the helper exited without a word".to_owned())),
+        Err(e) => Err(SandboxError::io("talking to the helper", e)),
+    }
+}

@@ -1,0 +1,60 @@
+//! rlimits: a second layer under the cgroup, per process.
+
+use airlock_policy::Policy;
+use rustix::process::{Resource, Rlimit as Limit, setrlimit};
+
+use crate::protocol::{Failure, Rlimit, RlimitResource};
+
+/// The rlimits for a policy. Supervisor side. `without_cgroups` adds the
+/// weaker per-process stand-ins for the cgroup's memory and pids limits.
+pub fn for_policy(policy: &Policy, without_cgroups: bool) -> Vec<Rlimit> {
+    let l = &policy.limits;
+    let both = |resource, value| Rlimit {
+        resource,
+        soft: value,
+        hard: value,
+    };
+    // A second past the CPU limit, so the supervisor's own check (which sums
+    // the whole run) normally fires first and names the limit.
+    let cpu_seconds = l.cpu_time.as_secs() + 1;
+    let mut limits = vec![
+        both(RlimitResource::Core, 0),
+        both(RlimitResource::NoFile, u64::from(l.open_files)),
+        both(RlimitResource::FileSize, l.disk_bytes),
+        Rlimit {
+            resource: RlimitResource::Cpu,
+            soft: cpu_seconds,
+            hard: cpu_seconds + 1,
+        },
+        both(RlimitResource::MemLock, 64 * 1024),
+    ];
+    if without_cgroups {
+        limits.push(both(RlimitResource::AddressSpace, l.memory_bytes));
+        limits.push(both(RlimitResource::NProc, u64::from(l.pids)));
+    }
+    limits
+}
+
+/// Child side: applies them.
+pub fn apply(limits: &[Rlimit]) -> Result<(), Failure> {
+    for limit in limits {
+        let resource = match limit.resource {
+            RlimitResource::Core => Resource::Core,
+            RlimitResource::NoFile => Resource::Nofile,
+            RlimitResource::FileSize => Resource::Fsize,
+            RlimitResource::Cpu => Resource::Cpu,
+            RlimitResource::NProc => Resource::Nproc,
+            RlimitResource::AddressSpace => Resource::As,
+            RlimitResource::MemLock => Resource::Memlock,
+        };
+        setrlimit(
+            resource,
+            Limit {
+                current: Some(limit.soft),
+                maximum: Some(limit.hard),
+            },
+        )
+        .map_err(|e| Failure::new("set rlimits", format!("{:?}", limit.resource), &e.into()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,527 @@
+//! The sandbox's filesystem.
+//!
+//! Each sandbox owns one tmpfs (the "stage"), made at setup in the sandbox's
+//! own mount namespace and kept alive by the supervisor's descriptors. Its
+//! size and inode caps are the work directory's: /work and /tmp are two of
+//! its directories. Its root is the sandbox's root: a layout of empty
+//! mountpoints and a generated /etc, made once.
+//!
+//! Each run then, in a fresh copy of that mount namespace: binds the host's
+//! /usr and the Python installation read-only onto their mountpoints, mounts
+//! a fresh /proc with sensitive entries masked, binds five devices, mounts a
+//! small tmpfs at /.airlock with the program, makes the root read-only
+//! (/work and /tmp stay writable as mounts of their own), and pivots into it.
+//! nosuid and nodev are set on every mount but the five devices.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use airlock_core::driver::{PROGRAM_DIR, REPORT_FILE};
+use airlock_core::runtime::Runtime;
+use rustix::fs::{CWD, Mode, OFlags};
+use rustix::mount::{
+    MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags, mount,
+    mount_change, mount_remount, move_mount, open_tree, unmount,
+};
+
+use crate::protocol::{Bind, Failure, LayoutEntry};
+use crate::sys;
+
+/// Where the stage tmpfs is mounted in the sandbox's mount namespace. Any
+/// directory every host has will do: the namespace is the sandbox's own, so
+/// the host's /tmp is untouched.
+pub const STAGE: &str = "/tmp";
+
+/// The user and group the code runs as inside.
+pub const SANDBOX_UID: u32 = 1000;
+pub const SANDBOX_GID: u32 = 1000;
+
+/// Devices the sandbox gets, bound from the host's.
+pub const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+
+/// Files under /proc hidden behind /dev/null: they expose the host's kernel
+/// memory, keys, timers and scheduler.
+const PROC_MASKED_FILES: [&str; 8] = [
+    "kcore",
+    "keys",
+    "key-users",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+    "sysrq-trigger",
+    "kallsyms",
+];
+/// Directories under /proc hidden behind an empty read-only tmpfs.
+const PROC_MASKED_DIRS: [&str; 5] = ["acpi", "scsi", "bus", "irq", "asound"];
+/// Directories under /proc made read-only.
+const PROC_READ_ONLY: [&str; 2] = ["sys", "fs"];
+
+/// Sandbox paths a runtime may not mount over.
+const RESERVED: [&str; 7] = [
+    "/work",
+    "/tmp",
+    "/proc",
+    "/dev",
+    "/etc",
+    PROGRAM_DIR,
+    "/usr",
+];
+
+/// Space the layout itself takes on the stage, added to the user's caps so
+/// that /work and /tmp get all they were promised.
+pub const LAYOUT_BYTES: u64 = 256 * 1024;
+pub const LAYOUT_INODES: u64 = 128;
+
+/// Why a runtime cannot be laid out.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(
+        "the runtime needs {0} mounted at {1}, which the sandbox reserves; install the interpreter or image elsewhere"
+    )]
+    Reserved(String, String),
+    #[error("{0} must be an absolute path")]
+    NotAbsolute(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+}
+
+/// The root's layout and its binds, for a runtime. Supervisor side.
+pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), LayoutError> {
+    let mut entries = vec![
+        LayoutEntry::Dir {
+            path: "work".into(),
+            mode: 0o755,
+        },
+        LayoutEntry::Dir {
+            path: "tmp".into(),
+            mode: 0o1777,
+        },
+        LayoutEntry::Dir {
+            path: PROGRAM_DIR.trim_start_matches('/').into(),
+            mode: 0o755,
+        },
+        LayoutEntry::Dir {
+            path: "proc".into(),
+            mode: 0o555,
+        },
+        LayoutEntry::Dir {
+            path: "dev".into(),
+            mode: 0o755,
+        },
+        LayoutEntry::Dir {
+            path: "etc".into(),
+            mode: 0o755,
+        },
+        LayoutEntry::Dir {
+            path: "usr".into(),
+            mode: 0o755,
+        },
+    ];
+    let mut binds = vec![Bind {
+        source: "/usr".into(),
+        target: "/usr".into(),
+    }];
+    // The top-level library and binary folders: symbolic links into /usr on
+    // merged-/usr systems (copied as links), real folders elsewhere (bound).
+    for name in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let host = Path::new("/").join(name);
+        match fs::symlink_metadata(&host) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = fs::read_link(&host).map_err(|source| LayoutError::Io {
+                    path: host.display().to_string(),
+                    source,
+                })?;
+                entries.push(LayoutEntry::Symlink {
+                    path: name.into(),
+                    target: target.to_string_lossy().into_owned(),
+                });
+            }
+            Ok(meta) if meta.is_dir() => {
+                entries.push(LayoutEntry::Dir {
+                    path: name.into(),
+                    mode: 0o755,
+                });
+                binds.push(Bind {
+                    source: host.display().to_string(),
+                    target: format!("/{name}"),
+                });
+            }
+            _ => {}
+        }
+    }
+    for name in DEVICES {
+        entries.push(LayoutEntry::MountFile {
+            path: format!("dev/{name}"),
+        });
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        entries.push(LayoutEntry::Symlink {
+            path: format!("dev/{name}"),
+            target: target.into(),
+        });
+    }
+    entries.extend(etc_files());
+
+    for mount in &runtime.mounts {
+        let (source, target) = (&mount.host, &mount.sandbox);
+        for path in [source, target] {
+            if !path.is_absolute() {
+                return Err(LayoutError::NotAbsolute(path.display().to_string()));
+            }
+        }
+        let target_text = target.display().to_string();
+        if source == target && target.starts_with("/usr") {
+            continue; // already there with /usr
+        }
+        if target == Path::new("/") || RESERVED.iter().any(|r| target.starts_with(r)) {
+            return Err(LayoutError::Reserved(
+                source.display().to_string(),
+                target_text,
+            ));
+        }
+        let is_dir = fs::metadata(source)
+            .map_err(|e| LayoutError::Io {
+                path: source.display().to_string(),
+                source: e,
+            })?
+            .is_dir();
+        let relative = target_text.trim_start_matches('/').to_owned();
+        entries.push(if is_dir {
+            LayoutEntry::Dir {
+                path: relative,
+                mode: 0o755,
+            }
+        } else {
+            LayoutEntry::MountFile { path: relative }
+        });
+        binds.push(Bind {
+            source: source.display().to_string(),
+            target: target_text,
+        });
+    }
+    Ok((entries, binds))
+}
+
+/// A minimal /etc written by airlock; nothing is copied from the host's.
+fn etc_files() -> Vec<LayoutEntry> {
+    let file = |name: &str, content: String| LayoutEntry::File {
+        path: format!("etc/{name}"),
+        content,
+    };
+    vec![
+        file(
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:airlock sandbox:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        file(
+            "group",
+            format!("root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"),
+        ),
+        file(
+            "hosts",
+            "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n".into(),
+        ),
+        file("hostname", "airlock\n".into()),
+        file(
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nhosts: files\n".into(),
+        ),
+    ]
+}
+
+/// Mounts a fresh instance of the kernel filesystem `fstype` (tmpfs, proc).
+fn mount_fs(
+    fstype: &str,
+    target: &Path,
+    flags: MountFlags,
+    options: &str,
+) -> rustix::io::Result<()> {
+    let options = std::ffi::CString::new(options).map_err(|_| rustix::io::Errno::INVAL)?;
+    mount(fstype, target, fstype, flags, Some(options.as_c_str()))
+}
+
+/// Child side, at setup: mounts the stage tmpfs at [`STAGE`].
+pub fn mount_stage(bytes: u64, inodes: u64) -> Result<(), Failure> {
+    mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
+    let options = format!("size={bytes},nr_inodes={inodes},mode=0755");
+    mount_fs(
+        "tmpfs",
+        Path::new(STAGE),
+        MountFlags::NOSUID | MountFlags::NODEV,
+        &options,
+    )
+    .map_err(|e| Failure::new("mount the work tmpfs", options.clone(), &e.into()))
+}
+
+/// Child side, at setup: creates the layout on the stage.
+pub fn create_layout(entries: &[LayoutEntry]) -> Result<(), Failure> {
+    let stage = Path::new(STAGE);
+    let step = "create the sandbox layout";
+    for entry in entries {
+        let result = match entry {
+            LayoutEntry::Dir { path, mode } => {
+                let dir = stage.join(path);
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(&dir)
+                    // The umask may have cleared bits (1777 for /tmp): set them exactly.
+                    .and_then(|()| fs::set_permissions(&dir, fs::Permissions::from_mode(*mode)))
+                    .map_err(|e| Failure::new(step, path.clone(), &e))
+            }
+            LayoutEntry::MountFile { path } => create_parent(stage, path)
+                .and_then(|()| fs::File::create(stage.join(path)).map(drop))
+                .map_err(|e| Failure::new(step, path.clone(), &e)),
+            LayoutEntry::Symlink { path, target } => create_parent(stage, path)
+                .and_then(|()| std::os::unix::fs::symlink(target, stage.join(path)))
+                .map_err(|e| Failure::new(step, path.clone(), &e)),
+            LayoutEntry::File { path, content } => create_parent(stage, path)
+                .and_then(|()| fs::write(stage.join(path), content))
+                .and_then(|()| {
+                    fs::set_permissions(stage.join(path), fs::Permissions::from_mode(0o644))
+                })
+                .map_err(|e| Failure::new(step, path.clone(), &e)),
+        };
+        result?;
+    }
+    Ok(())
+}
+
+fn create_parent(stage: &Path, path: &str) -> io::Result<()> {
+    match stage.join(path).parent() {
+        Some(parent) => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent),
+        None => Ok(()),
+    }
+}
+
+/// Opens a directory of the stage for the supervisor.
+pub fn open_stage_dir(relative: &str) -> Result<OwnedFd, Failure> {
+    let path = Path::new(STAGE).join(relative);
+    rustix::fs::open(
+        &path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        Failure::new(
+            "open the sandbox's directories",
+            path.display().to_string(),
+            &e.into(),
+        )
+    })
+}
+
+fn stage_path(sandbox_path: &str) -> PathBuf {
+    Path::new(STAGE).join(sandbox_path.trim_start_matches('/'))
+}
+
+/// Binds the tree at `source` onto `target`, read-only, nosuid and nodev
+/// throughout (mount_setattr applies the flags to every mount below too,
+/// which a remount of the top alone would not).
+fn bind(source: &Path, target: &Path, attributes: u64, recursive: bool) -> Result<(), Failure> {
+    let step = "bind-mount into the sandbox";
+    let detail = || format!("{} on {}", source.display(), target.display());
+    let mut flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC;
+    if recursive {
+        flags |= OpenTreeFlags::AT_RECURSIVE;
+    }
+    let tree =
+        open_tree(CWD, source, flags).map_err(|e| Failure::new(step, detail(), &e.into()))?;
+    sys::mount_setattr_recursive(tree.as_fd(), attributes)
+        .map_err(|e| Failure::new(step, detail(), &e))?;
+    move_mount(
+        tree.as_fd(),
+        "",
+        CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| Failure::new(step, detail(), &e.into()))
+}
+
+const READ_ONLY: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+
+/// Child side, for each run: builds the root on the stage. Returns the
+/// report FIFO, opened for the supervisor, when asked for.
+pub fn build_root(
+    binds: &[Bind],
+    program_files: &[(String, Vec<u8>)],
+    report_fifo: bool,
+) -> Result<Option<OwnedFd>, Failure> {
+    mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
+
+    for b in binds {
+        bind(
+            Path::new(&b.source),
+            &stage_path(&b.target),
+            READ_ONLY,
+            true,
+        )?;
+    }
+
+    // A fresh /proc for the new PID namespace, with the host's kernel internals masked.
+    let proc_dir = stage_path("/proc");
+    mount_fs(
+        "proc",
+        &proc_dir,
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        "",
+    )
+    .map_err(|e| Failure::new("mount /proc", "", &e.into()))?;
+    for name in PROC_MASKED_FILES {
+        let target = proc_dir.join(name);
+        if target.exists() {
+            bind(Path::new("/dev/null"), &target, READ_ONLY, false)?;
+        }
+    }
+    for name in PROC_MASKED_DIRS {
+        let target = proc_dir.join(name);
+        if target.is_dir() {
+            let flags =
+                MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+            mount_fs("tmpfs", &target, flags, "size=4k,nr_inodes=1")
+                .map_err(|e| Failure::new("mask /proc", name, &e.into()))?;
+        }
+    }
+    for name in PROC_READ_ONLY {
+        let target = proc_dir.join(name);
+        if target.is_dir() {
+            bind(&target, &target, READ_ONLY | sys::MOUNT_ATTR_NOEXEC, true)?;
+        }
+    }
+
+    // The five devices: the only mounts without nodev, all read-only mounts
+    // (writing to a device on a read-only mount still works).
+    for name in DEVICES {
+        let host = Path::new("/dev").join(name);
+        bind(
+            &host,
+            &stage_path(&format!("/dev/{name}")),
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+            false,
+        )?;
+    }
+
+    // /work and /tmp become mounts of their own so they stay writable when
+    // the root turns read-only.
+    for dir in ["/work", "/tmp"] {
+        let path = stage_path(dir);
+        bind(
+            &path,
+            &path,
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            false,
+        )?;
+    }
+
+    let report = write_program(program_files, report_fifo)?;
+
+    let stage = Path::new(STAGE);
+    mount_remount(
+        stage,
+        MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+        "",
+    )
+    .map_err(|e| Failure::new("make the root read-only", "", &e.into()))?;
+    Ok(report)
+}
+
+/// Mounts a small tmpfs at /.airlock holding the program, then makes it
+/// read-only. Kept apart from the stage so a full /work cannot stop the next
+/// run from starting.
+fn write_program(
+    files: &[(String, Vec<u8>)],
+    report_fifo: bool,
+) -> Result<Option<OwnedFd>, Failure> {
+    let step = "write the program";
+    let dir = stage_path(PROGRAM_DIR);
+    let bytes: usize = files
+        .iter()
+        .map(|(_, c)| c.len().div_ceil(4096) * 4096)
+        .sum::<usize>()
+        + 64 * 1024;
+    let options = format!("size={bytes},nr_inodes=16,mode=0755");
+    mount_fs(
+        "tmpfs",
+        &dir,
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        &options,
+    )
+    .map_err(|e| Failure::new(step, "mount", &e.into()))?;
+    for (name, content) in files {
+        if name.contains('/') || name.starts_with('.') {
+            return Err(Failure::plain(
+                step,
+                format!("bad program file name {name:?}"),
+            ));
+        }
+        let path = dir.join(name);
+        fs::write(&path, content)
+            .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o444)))
+            .map_err(|e| Failure::new(step, name.clone(), &e))?;
+    }
+    let report = if report_fifo {
+        let path = dir.join(REPORT_FILE);
+        rustix::fs::mknodat(
+            CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .map_err(|e| Failure::new(step, "report FIFO", &e.into()))?;
+        // Open for reading and writing, so the supervisor never sees an early
+        // end of file before the driver opens it, and never blocks on it.
+        let fd = rustix::fs::open(
+            &path,
+            OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Failure::new(step, "open the report FIFO", &e.into()))?;
+        Some(fd)
+    } else {
+        None
+    };
+    mount_remount(
+        &dir,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        options.as_str(),
+    )
+    .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
+    Ok(report)
+}
+
+/// Child side: makes the stage the root and detaches the old one, so nothing
+/// of the host's filesystem remains reachable.
+pub fn pivot_into_stage() -> Result<(), Failure> {
+    let step = "pivot_root into the sandbox";
+    rustix::process::chdir(STAGE).map_err(|e| Failure::new(step, "chdir", &e.into()))?;
+    // pivot_root(".", ".") stacks the old root on top of the new one; the
+    // unmount below then detaches it (no directory for it needed).
+    rustix::process::pivot_root(".", ".")
+        .map_err(|e| Failure::new(step, "pivot_root", &e.into()))?;
+    unmount(".", UnmountFlags::DETACH)
+        .map_err(|e| Failure::new(step, "detach the old root", &e.into()))?;
+    rustix::process::chdir("/").map_err(|e| Failure::new(step, "chdir /", &e.into()))
+}

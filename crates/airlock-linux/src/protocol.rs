@@ -1,0 +1,248 @@
+//! The messages between the supervisor and the helper: a typed list, sent as
+//! JSON datagrams over a SOCK_SEQPACKET socket, with descriptors attached.
+//!
+//! The supervisor sends one [`Request`]. Plans can be large (they carry the
+//! code), so a request's body travels in a memfd attached to the message.
+//! The helper and the sandbox's init answer with [`Reply`]s: small messages,
+//! some with descriptors (namespaces, the pid1 pidfd, the report FIFO).
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Seek, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use airlock_policy::Layer;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::seccomp::Instruction;
+
+/// The most descriptors one message carries.
+const MAX_FDS: usize = 8;
+/// The largest reply; replies are a few hundred bytes.
+const MAX_MESSAGE: usize = 64 * 1024;
+
+/// What the supervisor asks of a freshly started helper.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Make a sandbox's user and mount namespaces and its work directory.
+    /// Replies [`Reply::SetupDone`] with [user ns, mount ns, stage root, /work, /tmp].
+    Setup(SetupPlan),
+    /// Run code in the sandbox whose namespaces come attached:
+    /// [user ns, mount ns, stdin, stdout, stderr].
+    Run(Box<RunPlan>),
+}
+
+/// How to make a sandbox's persistent part.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SetupPlan {
+    pub supervisor_pid: i32,
+    /// Size and inode caps of the tmpfs holding /work, /tmp and the layout.
+    pub tmpfs_bytes: u64,
+    pub tmpfs_inodes: u64,
+    /// Entries to create in the sandbox's root, in order.
+    pub layout: Vec<LayoutEntry>,
+}
+
+/// One entry of the root's layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LayoutEntry {
+    /// A directory (parents created), with its mode.
+    Dir { path: String, mode: u32 },
+    /// An empty file, to bind a host file onto.
+    MountFile { path: String },
+    /// A symbolic link.
+    Symlink { path: String, target: String },
+    /// A small generated file (/etc/passwd).
+    File { path: String, content: String },
+}
+
+/// A read-only bind mount of a host path into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    pub source: String,
+    pub target: String,
+}
+
+/// How Landlock should restrict the code.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LandlockPlan {
+    /// Directories the code may write below.
+    pub writable_dirs: Vec<String>,
+    /// Files (devices, the report FIFO) the code may open for writing.
+    pub writable_files: Vec<String>,
+    /// Fail instead of running unrestricted when the kernel lacks Landlock.
+    pub required: bool,
+}
+
+/// How to run one job.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunPlan {
+    pub supervisor_pid: i32,
+    pub hostname: String,
+    pub binds: Vec<Bind>,
+    /// Device names under /dev bound from the host's.
+    pub devices: Vec<String>,
+    pub program_files: Vec<(String, Vec<u8>)>,
+    /// Whether to make the report FIFO and hand it to the supervisor.
+    pub report_fifo: bool,
+    /// Whether to listen on 127.0.0.1:3128 inside and hand the socket over.
+    pub proxy_listener: bool,
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub rlimits: Vec<Rlimit>,
+    pub landlock: Option<LandlockPlan>,
+    pub seccomp: Vec<Instruction>,
+}
+
+/// One resource limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimit {
+    pub resource: RlimitResource,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// The resources airlock limits with rlimits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RlimitResource {
+    Core,
+    NoFile,
+    FileSize,
+    Cpu,
+    NProc,
+    AddressSpace,
+    MemLock,
+}
+
+/// What the helper and the sandbox's init report.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    SetupDone,
+    /// The sandbox's init exists; its pidfd comes attached.
+    Started {
+        pid1: i32,
+    },
+    /// Everything is in place and the code is about to be executed.
+    /// Attached, in order: the report FIFO if asked for, the proxy listener
+    /// if asked for.
+    Ready {
+        layers: Vec<Layer>,
+        landlock_abi: Option<u32>,
+    },
+    /// The code's process ended.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// A step failed; nothing after it ran.
+    Failed(Failure),
+}
+
+/// A setup step that failed, with the errno the kernel gave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{step}: {detail}{}", errno.map(|e| format!(" ({})", io::Error::from_raw_os_error(e))).unwrap_or_default())]
+pub struct Failure {
+    pub step: String,
+    pub errno: Option<i32>,
+    pub detail: String,
+}
+
+impl Failure {
+    pub fn new(step: &str, detail: impl Into<String>, error: &io::Error) -> Failure {
+        Failure {
+            step: step.to_owned(),
+            errno: error.raw_os_error(),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn plain(step: &str, detail: impl Into<String>) -> Failure {
+        Failure {
+            step: step.to_owned(),
+            errno: None,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Sends a small message with descriptors.
+pub fn send<T: Serialize>(
+    socket: BorrowedFd<'_>,
+    message: &T,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    let body = serde_json::to_vec(message).map_err(io::Error::other)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many descriptors for one message"));
+    }
+    rustix::net::sendmsg(
+        socket,
+        &[IoSlice::new(&body)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// Receives one message and its descriptors; `Ok(None)` when the peer is gone.
+pub fn recv<T: DeserializeOwned>(socket: BorrowedFd<'_>) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        socket,
+        &mut [IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    if got.bytes == 0 {
+        return Ok(None);
+    }
+    if got.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+        return Err(io::Error::other("message too long"));
+    }
+    let value = serde_json::from_slice(&buf[..got.bytes]).map_err(io::Error::other)?;
+    Ok(Some((value, fds)))
+}
+
+/// Sends a request whose body travels in a memfd.
+pub fn send_request(
+    socket: BorrowedFd<'_>,
+    request: &Request,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    let body = serde_json::to_vec(request).map_err(io::Error::other)?;
+    let memfd = rustix::fs::memfd_create("airlock-plan", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(memfd);
+    file.write_all(&body)?;
+    file.rewind()?;
+    let mut all = vec![file.as_fd()];
+    all.extend_from_slice(fds);
+    send(socket, &"request", &all)
+}
+
+/// Receives the request and its descriptors (the body's memfd removed).
+pub fn recv_request(socket: BorrowedFd<'_>) -> io::Result<(Request, Vec<OwnedFd>)> {
+    let (_, mut fds) =
+        recv::<String>(socket)?.ok_or_else(|| io::Error::other("the supervisor hung up"))?;
+    if fds.is_empty() {
+        return Err(io::Error::other("the request came without its body"));
+    }
+    let mut body = Vec::new();
+    std::fs::File::from(fds.remove(0)).read_to_end(&mut body)?;
+    let request = serde_json::from_slice(&body).map_err(io::Error::other)?;
+    Ok((request, fds))
+}

@@ -1,0 +1,354 @@
+//! Compiles a seccomp [`Policy`] to classic BPF.
+//!
+//! Layout: an architecture check, an x32 check, a binary search on the
+//! syscall number whose leaves jump to each syscall's rules, the default
+//! action, then the rules, then one return per distinct action. Conditional
+//! jumps only ever skip one instruction (their offsets are 8 bits); every
+//! longer jump is a `JA`, whose offset is 32 bits, so no policy is too far
+//! apart to encode.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Action, Condition, Policy, PolicyFileError};
+
+/// One classic BPF instruction, laid out as the kernel's `struct sock_filter`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instruction {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+const LD_W_ABS: u16 = 0x20;
+const JMP_JA: u16 = 0x05;
+const JMP_JEQ_K: u16 = 0x15;
+const JMP_JGE_K: u16 = 0x35;
+const JMP_JSET_K: u16 = 0x45;
+const RET_K: u16 = 0x06;
+
+const OFFSET_NR: u32 = 0;
+const OFFSET_ARCH: u32 = 4;
+/// Low 32 bits of argument `i` (little-endian): `offsetof(seccomp_data, args[i])`.
+fn offset_arg(i: u8) -> u32 {
+    16 + 8 * u32::from(i)
+}
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7;
+/// x32 syscalls are x86_64 numbers with this bit set.
+#[cfg(target_arch = "x86_64")]
+const X32_SYSCALL_BIT: Option<u32> = Some(0x4000_0000);
+#[cfg(target_arch = "aarch64")]
+const X32_SYSCALL_BIT: Option<u32> = None;
+
+/// How many syscalls a search leaf tests one after another.
+const LEAF: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Label {
+    Syscall(u32),
+    Rule(u32, usize),
+    Default,
+    Ret(Action),
+    Node(usize),
+}
+
+/// An instruction whose jump target may not be known yet.
+enum Pending {
+    Ready(Instruction),
+    Jump(Label),
+}
+
+struct Assembler {
+    code: Vec<Pending>,
+    labels: BTreeMap<Label, usize>,
+}
+
+impl Assembler {
+    fn here(&mut self, label: Label) {
+        self.labels.insert(label, self.code.len());
+    }
+    fn emit(&mut self, code: u16, jt: u8, jf: u8, k: u32) {
+        self.code
+            .push(Pending::Ready(Instruction { code, jt, jf, k }));
+    }
+    fn jump(&mut self, to: Label) {
+        self.code.push(Pending::Jump(to));
+    }
+    /// `if A == k { goto to }`.
+    fn if_eq_goto(&mut self, k: u32, to: Label) {
+        self.emit(JMP_JEQ_K, 0, 1, k);
+        self.jump(to);
+    }
+    fn finish(self) -> Vec<Instruction> {
+        let labels = self.labels;
+        self.code
+            .into_iter()
+            .enumerate()
+            .map(|(at, item)| match item {
+                Pending::Ready(i) => i,
+                Pending::Jump(label) => {
+                    // Every label is placed after every jump to it: forward only.
+                    // Every label is placed after every jump to it (forward
+                    // only), which the layout above guarantees.
+                    let target = labels[&label];
+                    Instruction {
+                        code: JMP_JA,
+                        jt: 0,
+                        jf: 0,
+                        k: (target - at - 1) as u32,
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Compiles `policy` to a BPF program for this architecture.
+pub fn compile(policy: &Policy) -> Result<Vec<Instruction>, PolicyFileError> {
+    let mut asm = Assembler {
+        code: Vec::new(),
+        labels: BTreeMap::new(),
+    };
+    // The architecture first: a 32-bit entry point has other numbers.
+    asm.emit(LD_W_ABS, 0, 0, OFFSET_ARCH);
+    asm.emit(JMP_JEQ_K, 1, 0, AUDIT_ARCH);
+    asm.emit(RET_K, 0, 0, Action::KillProcess.ret());
+    asm.emit(LD_W_ABS, 0, 0, OFFSET_NR);
+    if let Some(bit) = X32_SYSCALL_BIT {
+        asm.emit(JMP_JGE_K, 0, 1, bit);
+        asm.emit(RET_K, 0, 0, Action::KillProcess.ret());
+    }
+
+    let numbers: Vec<u32> = policy.syscalls.keys().copied().collect();
+    let mut next_node = 0;
+    search(&mut asm, &numbers, &mut next_node);
+
+    asm.here(Label::Default);
+    asm.emit(RET_K, 0, 0, policy.default_action.ret());
+
+    let mut actions = vec![policy.default_action];
+    for (nr, (_, rules)) in &policy.syscalls {
+        asm.here(Label::Syscall(*nr));
+        for (index, rule) in rules.iter().enumerate() {
+            asm.here(Label::Rule(*nr, index));
+            let next = Label::Rule(*nr, index + 1);
+            let act = Label::Ret(rule.action);
+            actions.push(rule.action);
+            match &rule.when {
+                None => asm.jump(act),
+                Some(Condition::In { arg, values }) => {
+                    asm.emit(LD_W_ABS, 0, 0, offset_arg(*arg));
+                    for v in values {
+                        asm.if_eq_goto(*v, act);
+                    }
+                    asm.jump(next);
+                }
+                Some(Condition::NotIn { arg, values }) => {
+                    asm.emit(LD_W_ABS, 0, 0, offset_arg(*arg));
+                    for v in values {
+                        asm.if_eq_goto(*v, next);
+                    }
+                    asm.jump(act);
+                }
+                Some(Condition::AnyBit { arg, mask }) => {
+                    asm.emit(LD_W_ABS, 0, 0, offset_arg(*arg));
+                    asm.emit(JMP_JSET_K, 0, 1, *mask);
+                    asm.jump(act);
+                    asm.jump(next);
+                }
+            }
+        }
+        // No rule held: the default action (its return sits after the rules,
+        // so the jump stays forward).
+        asm.here(Label::Rule(*nr, rules.len()));
+        asm.jump(Label::Ret(policy.default_action));
+    }
+
+    actions.sort();
+    actions.dedup();
+    for action in actions {
+        asm.here(Label::Ret(action));
+        asm.emit(RET_K, 0, 0, action.ret());
+    }
+
+    let program = asm.finish();
+    if program.len() > 4096 {
+        return Err(PolicyFileError::TooLong(program.len()));
+    }
+    Ok(program)
+}
+
+/// Emits a binary search over `numbers` (sorted) with the syscall number in A.
+fn search(asm: &mut Assembler, numbers: &[u32], next_node: &mut usize) {
+    if numbers.len() <= LEAF {
+        for nr in numbers {
+            asm.if_eq_goto(*nr, Label::Syscall(*nr));
+        }
+        asm.jump(Label::Default);
+        return;
+    }
+    let (low, high) = numbers.split_at(numbers.len() / 2);
+    let right = Label::Node(*next_node);
+    *next_node += 1;
+    // if nr >= high[0] { goto right } else fall into the left half.
+    asm.emit(JMP_JGE_K, 0, 1, high[0]);
+    asm.jump(right);
+    search(asm, low, next_node);
+    asm.here(right);
+    search(asm, high, next_node);
+}
+
+/// Runs a BPF program over one syscall, as the kernel would. For tests and
+/// for `airlock debug seccomp`-style inspection; not on any hot path.
+pub fn evaluate(program: &[Instruction], arch: u32, nr: u32, args: [u64; 6]) -> Option<u32> {
+    let mut data = [0u8; 64];
+    data[0..4].copy_from_slice(&nr.to_le_bytes());
+    data[4..8].copy_from_slice(&arch.to_le_bytes());
+    for (i, a) in args.iter().enumerate() {
+        data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+    }
+    let mut acc: u32 = 0;
+    let mut pc = 0usize;
+    while let Some(ins) = program.get(pc) {
+        match ins.code {
+            LD_W_ABS => {
+                let at = ins.k as usize;
+                acc = u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?);
+                pc += 1;
+            }
+            JMP_JA => pc += 1 + ins.k as usize,
+            JMP_JEQ_K | JMP_JGE_K | JMP_JSET_K => {
+                let taken = match ins.code {
+                    JMP_JEQ_K => acc == ins.k,
+                    JMP_JGE_K => acc >= ins.k,
+                    _ => acc & ins.k != 0,
+                };
+                pc += 1 + usize::from(if taken { ins.jt } else { ins.jf });
+            }
+            RET_K => return Some(ins.k),
+            _ => return None,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Policy;
+    use super::*;
+
+    fn default_program() -> (Policy, Vec<Instruction>) {
+        let policy = Policy::default_policy().unwrap();
+        let program = compile(&policy).unwrap();
+        (policy, program)
+    }
+
+    #[test]
+    fn the_program_agrees_with_the_policy_on_every_syscall() {
+        let (policy, program) = default_program();
+        let interesting: [u64; 8] = [0, 1, 2, 10, 16, 0x5412, 0x1000_0000, 0xffff_ffff];
+        for nr in 0..600u32 {
+            for arg0 in interesting {
+                for arg1 in interesting {
+                    let args = [arg0, arg1, 0, 0, 0, 0];
+                    assert_eq!(
+                        evaluate(&program, AUDIT_ARCH, nr, args),
+                        Some(policy.decide(nr, args).ret()),
+                        "syscall {nr} args {args:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn foreign_architectures_and_x32_are_killed() {
+        let (_, program) = default_program();
+        let read = Policy::number("read").unwrap();
+        const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+        assert_eq!(
+            evaluate(&program, AUDIT_ARCH_I386, read, [0; 6]),
+            Some(Action::KillProcess.ret())
+        );
+        if let Some(bit) = X32_SYSCALL_BIT {
+            assert_eq!(
+                evaluate(&program, AUDIT_ARCH, read | bit, [0; 6]),
+                Some(Action::KillProcess.ret())
+            );
+        }
+        assert_eq!(
+            evaluate(&program, AUDIT_ARCH, read, [0; 6]),
+            Some(Action::Allow.ret())
+        );
+    }
+
+    #[test]
+    fn the_issue_s_rules_hold() {
+        let (_, program) = default_program();
+        let run = |name: &str, args: [u64; 6]| {
+            evaluate(&program, AUDIT_ARCH, Policy::number(name).unwrap(), args)
+        };
+        let eperm = Some(Action::Errno(1).ret());
+        assert_eq!(run("clone3", [0; 6]), Some(Action::Errno(38).ret()));
+        assert_eq!(
+            run("clone", [0x1000_0000 | 17, 0, 0, 0, 0, 0]),
+            eperm,
+            "CLONE_NEWUSER"
+        );
+        assert_eq!(
+            run("clone", [0x003d_0f00, 0, 0, 0, 0, 0]),
+            Some(Action::Allow.ret()),
+            "pthread_create's flags"
+        );
+        assert_eq!(
+            run("unshare", [0x4000_0000, 0, 0, 0, 0, 0]),
+            eperm,
+            "CLONE_NEWNET"
+        );
+        assert_eq!(run("ioctl", [0, 0x5412, 0, 0, 0, 0]), eperm, "TIOCSTI");
+        assert_eq!(
+            run("ioctl", [0, 0xdead_0000_0000_5412, 0, 0, 0, 0]),
+            eperm,
+            "TIOCSTI with high bits"
+        );
+        assert_eq!(run("ioctl", [0, 0x541C, 0, 0, 0, 0]), eperm, "TIOCLINUX");
+        assert_eq!(
+            run("ioctl", [0, 0x5401, 0, 0, 0, 0]),
+            Some(Action::Allow.ret()),
+            "TCGETS"
+        );
+        assert_eq!(
+            run("socket", [16, 3, 0, 0, 0, 0]),
+            Some(Action::Errno(97).ret()),
+            "AF_NETLINK"
+        );
+        assert_eq!(
+            run("socket", [17, 3, 0, 0, 0, 0]),
+            Some(Action::Errno(97).ret()),
+            "AF_PACKET"
+        );
+        assert_eq!(
+            run("socket", [2, 1, 0, 0, 0, 0]),
+            Some(Action::Allow.ret()),
+            "AF_INET"
+        );
+        assert_eq!(
+            run("personality", [0x0040_0000, 0, 0, 0, 0, 0]),
+            eperm,
+            "READ_IMPLIES_EXEC"
+        );
+        assert_eq!(
+            run("personality", [0xffff_ffff, 0, 0, 0, 0, 0]),
+            Some(Action::Allow.ret())
+        );
+        assert_eq!(run("bpf", [0; 6]), eperm);
+        assert_eq!(run("io_uring_setup", [0; 6]), eperm);
+    }
+}

@@ -1,0 +1,252 @@
+//! The few system calls rustix does not wrap. Every `unsafe` in this crate
+//! lives here, each with the invariant that makes it sound.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::seccomp::Instruction;
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Which side of a fork-like call this process is on.
+pub enum Forked {
+    Parent { pid: i32, pidfd: Option<OwnedFd> },
+    Child,
+}
+
+/// `clone3` with `flags` (namespaces), a pidfd for the child, and SIGCHLD on
+/// exit, returning like `fork`.
+///
+/// # Safety
+/// The caller must be single-threaded: the child is a copy of this one
+/// thread, and may then allocate and run arbitrary code only because no other
+/// thread can have held a lock at the moment of the copy.
+pub unsafe fn clone_with_namespaces(flags: u64) -> io::Result<Forked> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+    }
+    const CLONE_PIDFD: u64 = 0x1000;
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: flags | CLONE_PIDFD,
+        pidfd: &raw mut pidfd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `args` is a valid clone_args of the size passed, and `pidfd`
+    // outlives the call. With no stack given, the child runs on a copy of
+    // this stack, exactly as after fork(); the caller guarantees we are
+    // single-threaded (see the function's safety section).
+    let ret = check(unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &raw mut args,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    })?;
+    if ret == 0 {
+        return Ok(Forked::Child);
+    }
+    // SAFETY: with CLONE_PIDFD the kernel stored a new descriptor that this
+    // process now owns and nothing else refers to.
+    let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+    Ok(Forked::Parent {
+        pid: ret as i32,
+        pidfd,
+    })
+}
+
+/// `fork()`.
+///
+/// # Safety
+/// As for [`clone_with_namespaces`]: the caller must be single-threaded.
+pub unsafe fn fork() -> io::Result<Forked> {
+    // SAFETY: the caller is single-threaded, so the child may run any code.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent { pid, pidfd: None }),
+    }
+}
+
+/// Installs a seccomp filter on this thread (the process is single-threaded).
+pub fn install_seccomp(program: &[Instruction]) -> io::Result<()> {
+    #[repr(C)]
+    struct SockFprog {
+        len: libc::c_ushort,
+        filter: *const Instruction,
+    }
+    let len = libc::c_ushort::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
+    let prog = SockFprog {
+        len,
+        filter: program.as_ptr(),
+    };
+    const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
+    // SAFETY: `prog` points at `program`, whose `Instruction` has the layout
+    // of `struct sock_filter` (repr(C): u16, u8, u8, u32); the kernel copies
+    // the filter during the call, so nothing needs to outlive it.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            0 as libc::c_ulong,
+            &raw const prog,
+        )
+    })
+    .map(drop)
+}
+
+/// Flags for [`mount_setattr`].
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// `mount_setattr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE, set)`: sets mount
+/// attributes on the tree at `fd` and every mount below it.
+pub fn mount_setattr_recursive(fd: BorrowedFd<'_>, set: u64) -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` is a valid mount_attr of the size passed; the empty
+    // path is a NUL-terminated static string; `fd` is borrowed for the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+            &raw const attr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Closes every descriptor from `first` up, but `keep`.
+pub fn close_from_except(first: RawFd, keep: RawFd) -> io::Result<()> {
+    let close = |from: RawFd, to: libc::c_uint| {
+        // SAFETY: closing descriptors of this process. Callers call this only
+        // where no live Rust object (OwnedFd, File) refers to the closed
+        // range: right after start-up, or right before exec.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                from as libc::c_uint,
+                to,
+                0 as libc::c_uint,
+            )
+        })
+        .map(drop)
+    };
+    if keep > first {
+        close(first, (keep - 1) as libc::c_uint)?;
+    }
+    close(first.max(keep + 1), libc::c_uint::MAX)
+}
+
+/// `execve`; returns only on failure.
+pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
+    let argv_ptrs: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp_ptrs: Vec<*const libc::c_char> = envp
+        .iter()
+        .map(|e| e.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    // SAFETY: both arrays are NULL-terminated and point at NUL-terminated
+    // strings that `argv` and `envp` keep alive for the call.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// Brings the loopback interface up in this network namespace.
+pub fn loopback_up() -> io::Result<()> {
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads into `req`, a valid ifreq naming "lo".
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &raw mut req) }.into())?;
+    // SAFETY: reading the flags union member SIOCGIFFLAGS just filled.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads `req`, a valid ifreq.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &raw const req) }.into())
+        .map(drop)
+}
+
+/// The Landlock ABI version of the running kernel, or `None` without Landlock.
+pub fn landlock_abi() -> Option<u32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attribute pointer and size 0, this flag only asks
+    // the kernel for its ABI version and touches no memory.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(ret).ok().filter(|v| *v > 0)
+}
+
+/// Waits for child `pid` and returns the CPU time (user + system) it and the
+/// descendants it reaped used.
+pub fn wait4_cpu_time(pid: i32) -> io::Result<std::time::Duration> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `usage` are valid for writes for the call.
+        let ret = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
+        if ret == pid {
+            break;
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EINTR) {
+            return Err(error);
+        }
+    }
+    let time =
+        |tv: libc::timeval| std::time::Duration::new(tv.tv_sec as u64, (tv.tv_usec as u32) * 1000);
+    Ok(time(usage.ru_utime) + time(usage.ru_stime))
+}
