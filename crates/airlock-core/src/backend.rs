@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use airlock_policy::{
-    BackendKind, HostFacts, Isolation, Language, Layer, Limit, NetworkRecord, Policy, SandboxPath,
-    Status, Usage,
+    BackendKind, HostFacts, Isolation, Language, Layer, Limit, NetworkRecord, Policy, SandboxPath, Status, Usage,
 };
 
 use crate::driver::DriverReport;
@@ -59,8 +58,7 @@ pub trait Backend: Send + Sync {
     /// Makes a sandbox for `policy` running `runtime`. Refuses, with an error
     /// that names the missing piece, anything it cannot enforce; never runs
     /// with less than the policy asks.
-    fn create(&self, policy: &Policy, runtime: &Runtime)
-    -> Result<Box<dyn Instance>, SandboxError>;
+    fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError>;
 }
 
 /// One sandbox: a work directory that lives as long as the instance, and the

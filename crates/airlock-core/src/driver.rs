@@ -79,23 +79,14 @@ pub fn program(job: &Job, runtime: &Runtime, caps: &ReportCaps) -> Program {
                 caps.figure_bytes.to_string(),
             ],
             files: vec![
-                ProgramFile {
-                    name: "driver.py",
-                    content: DRIVER_SOURCE.as_bytes().to_vec(),
-                },
-                ProgramFile {
-                    name: "main.py",
-                    content: job.code.as_bytes().to_vec(),
-                },
+                ProgramFile { name: "driver.py", content: DRIVER_SOURCE.as_bytes().to_vec() },
+                ProgramFile { name: "main.py", content: job.code.as_bytes().to_vec() },
             ],
             reports: true,
         },
         Language::Sh => Program {
             argv: vec!["/bin/sh".to_owned(), format!("{PROGRAM_DIR}/main.sh")],
-            files: vec![ProgramFile {
-                name: "main.sh",
-                content: job.code.as_bytes().to_vec(),
-            }],
+            files: vec![ProgramFile { name: "main.sh", content: job.code.as_bytes().to_vec() }],
             reports: false,
         },
     }
@@ -164,33 +155,24 @@ pub fn parse_report(bytes: &[u8], caps: &ReportCaps) -> DriverReport {
         return report;
     }
     if bytes.len() > caps.report_bytes {
-        report.problems.push(format!(
-            "the driver's report passed its cap of {} bytes and was dropped",
-            caps.report_bytes
-        ));
+        report
+            .problems
+            .push(format!("the driver's report passed its cap of {} bytes and was dropped", caps.report_bytes));
         return report;
     }
     let raw: RawReport = match serde_json::from_slice(bytes) {
         Ok(raw) => raw,
         Err(e) => {
-            report
-                .problems
-                .push(format!("the driver's report could not be read: {e}"));
+            report.problems.push(format!("the driver's report could not be read: {e}"));
             return report;
         }
     };
     report.value = raw.value.map(|v| cap_chars(v, caps.value_chars));
     if raw.value_truncated {
-        report.problems.push(format!(
-            "the value was cut at {} characters",
-            caps.value_chars
-        ));
+        report.problems.push(format!("the value was cut at {} characters", caps.value_chars));
     }
     if let Some(e) = raw.error {
-        report.missing_module = e
-            .module
-            .filter(|_| e.kind == "ModuleNotFoundError")
-            .map(|m| cap_chars(m, 256));
+        report.missing_module = e.module.filter(|_| e.kind == "ModuleNotFoundError").map(|m| cap_chars(m, 256));
         report.error = Some(ErrorInfo {
             kind: cap_chars(e.kind, 256),
             message: cap_chars(e.message, MAX_TEXT),
@@ -201,54 +183,29 @@ pub fn parse_report(bytes: &[u8], caps: &ReportCaps) -> DriverReport {
     }
     for fig in raw.figures {
         if report.figures.len() >= caps.max_figures {
-            report.problems.push(format!(
-                "figures past the first {} were dropped",
-                caps.max_figures
-            ));
+            report.problems.push(format!("figures past the first {} were dropped", caps.max_figures));
             break;
         }
         let name = sanitize_name(&fig.name);
-        let png = match base64::engine::general_purpose::STANDARD.decode(fig.png_base64.as_bytes())
-        {
+        let png = match base64::engine::general_purpose::STANDARD.decode(fig.png_base64.as_bytes()) {
             Ok(png) => png,
             Err(_) => {
-                report
-                    .problems
-                    .push(format!("{name} was not valid base64 and was dropped"));
+                report.problems.push(format!("{name} was not valid base64 and was dropped"));
                 continue;
             }
         };
         if png.len() > caps.figure_bytes {
-            report.problems.push(format!(
-                "{name} was {} bytes, above the cap of {}",
-                png.len(),
-                caps.figure_bytes
-            ));
+            report.problems.push(format!("{name} was {} bytes, above the cap of {}", png.len(), caps.figure_bytes));
             continue;
         }
         match png_size(&png) {
-            Some((width, height)) => report.figures.push(Figure {
-                name,
-                width,
-                height,
-                png,
-            }),
-            None => report
-                .problems
-                .push(format!("{name} was not a PNG and was dropped")),
+            Some((width, height)) => report.figures.push(Figure { name, width, height, png }),
+            None => report.problems.push(format!("{name} was not a PNG and was dropped")),
         }
     }
-    report.problems.extend(
-        raw.figure_errors
-            .into_iter()
-            .take(16)
-            .map(|e| cap_chars(e, 1000)),
-    );
+    report.problems.extend(raw.figure_errors.into_iter().take(16).map(|e| cap_chars(e, 1000)));
     if raw.figures_dropped > 0 {
-        report.problems.push(format!(
-            "{} figures past the cap were not rendered",
-            raw.figures_dropped
-        ));
+        report.problems.push(format!("{} figures past the cap were not rendered", raw.figures_dropped));
     }
     report
 }
@@ -265,20 +222,10 @@ fn sanitize_name(name: &str) -> String {
     let clean: String = name
         .chars()
         .take(100)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
         .collect();
     let clean = clean.trim_start_matches('.').to_owned();
-    if clean.is_empty() {
-        "figure.png".to_owned()
-    } else {
-        clean
-    }
+    if clean.is_empty() { "figure.png".to_owned() } else { clean }
 }
 
 /// Width and height from a PNG's header, or `None` if it is not a PNG.
@@ -323,10 +270,7 @@ mod tests {
         let r = parse_report(b"{not json", &ReportCaps::default());
         assert!(r.value.is_none());
         assert_eq!(r.problems.len(), 1);
-        let caps = ReportCaps {
-            report_bytes: 4,
-            ..ReportCaps::default()
-        };
+        let caps = ReportCaps { report_bytes: 4, ..ReportCaps::default() };
         assert_eq!(parse_report(b"{\"value\": \"x\"}", &caps).problems.len(), 1);
     }
 }

@@ -15,19 +15,11 @@ pub enum SandboxError {
     #[error("{layer} is required but not available here: {reason}{}", if *.degradable {
         format!(" (or accept running without it: allow_degraded=[\"{layer}\"], --allow-degraded {layer})")
     } else { String::new() })]
-    Unavailable {
-        layer: Layer,
-        reason: String,
-        degradable: bool,
-    },
+    Unavailable { layer: Layer, reason: String, degradable: bool },
 
     /// The backend cannot do what the policy or job asks, at all.
     #[error("the {backend} backend cannot {what}: {reason}")]
-    Unsupported {
-        backend: &'static str,
-        what: String,
-        reason: String,
-    },
+    Unsupported { backend: &'static str, what: String, reason: String },
 
     #[error("copying {path} in: {reason}")]
     Input { path: String, reason: String },
@@ -50,10 +42,7 @@ pub enum SandboxError {
 impl SandboxError {
     /// An I/O error with what was being done when it happened.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> SandboxError {
-        SandboxError::Io {
-            context: context.into(),
-            source,
-        }
+        SandboxError::Io { context: context.into(), source }
     }
 }
 
@@ -64,15 +53,11 @@ pub enum ArtifactError {
     NotFound { path: String },
     #[error("{path} is a {kind}, not a regular file; only regular files are copied out")]
     NotRegular { path: String, kind: &'static str },
-    #[error(
-        "{path} is or passes through a symbolic link, which is never followed out of the sandbox"
-    )]
+    #[error("{path} is or passes through a symbolic link, which is never followed out of the sandbox")]
     Link { path: String },
     #[error("{path} is {size} bytes, above the cap of {cap}; raise max_file_bytes or write less")]
     TooLarge { path: String, size: u64, cap: u64 },
-    #[error(
-        "artefacts together would pass the cap of {cap} bytes at {path}; raise max_files_total_bytes"
-    )]
+    #[error("artefacts together would pass the cap of {cap} bytes at {path}; raise max_files_total_bytes")]
     TotalTooLarge { path: String, cap: u64 },
     #[error("{path}: {source}")]
     Io {

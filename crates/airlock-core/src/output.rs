@@ -21,10 +21,9 @@ impl Captured {
     pub fn text(&self) -> (String, Option<String>) {
         match std::str::from_utf8(&self.bytes) {
             Ok(text) => (text.to_owned(), None),
-            Err(e) if self.truncated() && e.error_len().is_none() => (
-                String::from_utf8_lossy(&self.bytes[..e.valid_up_to()]).into_owned(),
-                None,
-            ),
+            Err(e) if self.truncated() && e.error_len().is_none() => {
+                (String::from_utf8_lossy(&self.bytes[..e.valid_up_to()]).into_owned(), None)
+            }
             Err(_) => {
                 use base64::Engine;
                 (
@@ -45,10 +44,7 @@ pub struct CappedBuffer {
 
 impl CappedBuffer {
     pub fn new(cap: u64) -> CappedBuffer {
-        CappedBuffer {
-            cap,
-            captured: Captured::default(),
-        }
+        CappedBuffer { cap, captured: Captured::default() }
     }
 
     /// Adds `chunk`; returns true when this chunk took the stream past the cap.
@@ -88,10 +84,7 @@ mod tests {
 
     #[test]
     fn non_utf8_is_kept_exactly() {
-        let c = Captured {
-            bytes: vec![b'a', 0xff, b'b'],
-            total: 3,
-        };
+        let c = Captured { bytes: vec![b'a', 0xff, b'b'], total: 3 };
         let (text, b64) = c.text();
         assert_eq!(text, "a\u{fffd}b");
         assert_eq!(b64.as_deref(), Some("Yf9i"));
@@ -100,10 +93,7 @@ mod tests {
     #[test]
     fn a_character_cut_by_the_cap_is_not_an_encoding_error() {
         let full = "é".as_bytes();
-        let c = Captured {
-            bytes: vec![b'a', full[0]],
-            total: 3,
-        };
+        let c = Captured { bytes: vec![b'a', full[0]], total: 3 };
         assert_eq!(c.text(), ("a".to_owned(), None));
     }
 }

@@ -18,8 +18,7 @@ pub fn data_dir() -> Result<PathBuf, SandboxError> {
         Some(home) => Ok(PathBuf::from(home).join(".local/share/airlock")),
         None => Err(SandboxError::Missing {
             what: "airlock's data directory".to_owned(),
-            hint: "set AIRLOCK_HOME (or HOME, or XDG_DATA_HOME) to a folder airlock may write"
-                .to_owned(),
+            hint: "set AIRLOCK_HOME (or HOME, or XDG_DATA_HOME) to a folder airlock may write".to_owned(),
         }),
     }
 }

@@ -4,8 +4,7 @@ use std::io::Read;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use airlock_policy::{
-    ArtifactRecord, FigureRecord, ImageRef, InputRecord, Isolation, Policy, RECORD_SCHEMA_VERSION,
-    RunRecord, Status,
+    ArtifactRecord, FigureRecord, ImageRef, InputRecord, Isolation, Policy, RECORD_SCHEMA_VERSION, RunRecord, Status,
 };
 use base64::Engine;
 
@@ -95,12 +94,7 @@ pub fn assemble(ctx: &RunContext<'_>, execution: Execution) -> RunRecord {
 
 fn missing_module_message(module: &str, original: &str, ctx: &RunContext<'_>) -> String {
     let top = module.split('.').next().unwrap_or(module);
-    let image = ctx
-        .image
-        .as_ref()
-        .map_or("the host interpreter".to_owned(), |i| {
-            format!("image {:?}", i.name)
-        });
+    let image = ctx.image.as_ref().map_or("the host interpreter".to_owned(), |i| format!("image {:?}", i.name));
     format!(
         "{original}. The code ran in {image} ({}), which does not have it. \
          Build an image that does: put `{top}` in a requirements file and run \
@@ -110,11 +104,7 @@ fn missing_module_message(module: &str, original: &str, ctx: &RunContext<'_>) ->
 }
 
 /// The record of a run whose sandbox failed before or while running the code.
-pub fn sandbox_error(
-    ctx: &RunContext<'_>,
-    error: &SandboxError,
-    isolation: Isolation,
-) -> RunRecord {
+pub fn sandbox_error(ctx: &RunContext<'_>, error: &SandboxError, isolation: Isolation) -> RunRecord {
     let mut record = ctx.base();
     record.status = Status::SandboxError;
     record.message = Some(error.to_string());
@@ -125,11 +115,7 @@ pub fn sandbox_error(
 /// Marks artefacts on a record, and the limit if any was refused for size.
 pub fn add_artifacts(record: &mut RunRecord, artifacts: Vec<ArtifactRecord>, any_over_cap: bool) {
     record.artifacts = artifacts;
-    if any_over_cap
-        && !record
-            .limits_hit
-            .contains(&airlock_policy::Limit::Artifacts)
-    {
+    if any_over_cap && !record.limits_hit.contains(&airlock_policy::Limit::Artifacts) {
         record.limits_hit.push(airlock_policy::Limit::Artifacts);
     }
 }
@@ -143,10 +129,7 @@ pub fn new_id() -> String {
         // which is unique within this process; ids are names, not secrets.
         use std::sync::atomic::{AtomicU64, Ordering};
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         bytes[..8].copy_from_slice(&(nanos as u64).to_le_bytes());
         bytes[8..].copy_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     }

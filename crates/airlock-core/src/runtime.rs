@@ -8,12 +8,8 @@ use airlock_policy::ImageRef;
 
 /// The environment every sandbox starts from, before the runtime's and the
 /// policy's own variables. Nothing else is inherited from the caller.
-pub const BASE_ENV: [(&str, &str); 4] = [
-    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-    ("HOME", "/tmp"),
-    ("LANG", "C.UTF-8"),
-    ("TMPDIR", "/tmp"),
-];
+pub const BASE_ENV: [(&str, &str); 4] =
+    [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", "/tmp"), ("LANG", "C.UTF-8"), ("TMPDIR", "/tmp")];
 
 /// A host folder a runtime needs, and where it appears in the sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,10 +23,7 @@ impl RuntimeMount {
     /// interpreter whose library path is compiled in).
     pub fn same_path(path: impl Into<PathBuf>) -> RuntimeMount {
         let path = path.into();
-        RuntimeMount {
-            host: path.clone(),
-            sandbox: path,
-        }
+        RuntimeMount { host: path.clone(), sandbox: path }
     }
 }
 
@@ -58,10 +51,8 @@ impl Runtime {
     /// The environment the code receives: the base, then the runtime's
     /// variables, then the policy's.
     pub fn environment(&self, policy_env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-        let mut env: BTreeMap<String, String> = BASE_ENV
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
+        let mut env: BTreeMap<String, String> =
+            BASE_ENV.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         env.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.extend(policy_env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env

@@ -2,8 +2,8 @@
 //! own user namespace, and no_new_privs so it can never gain one.
 
 use rustix::thread::{
-    CapabilitySet, CapabilitySets, clear_ambient_capability_set,
-    remove_capability_from_bounding_set, set_capabilities, set_no_new_privs,
+    CapabilitySet, CapabilitySets, clear_ambient_capability_set, remove_capability_from_bounding_set, set_capabilities,
+    set_no_new_privs,
 };
 
 use crate::protocol::Failure;
@@ -23,11 +23,7 @@ pub fn drop_all() -> Result<(), Failure> {
             // EINVAL: the kernel does not know this capability number.
             Err(rustix::io::Errno::INVAL) => {}
             Err(e) => {
-                return Err(Failure::new(
-                    step,
-                    format!("bounding set, capability {cap}"),
-                    &e.into(),
-                ));
+                return Err(Failure::new(step, format!("bounding set, capability {cap}"), &e.into()));
             }
         }
     }

@@ -51,24 +51,21 @@ pub fn main() -> ! {
 fn take_socket() -> std::io::Result<OwnedFd> {
     sys::close_from_except(3, -1)?;
     let socket = rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdin(), 3)?;
-    let null = rustix::fs::open(
-        "/dev/null",
-        rustix::fs::OFlags::RDWR,
-        rustix::fs::Mode::empty(),
-    )?;
+    let null = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty())?;
     rustix::stdio::dup2_stdin(null.as_fd())?;
     Ok(socket)
 }
 
 /// Makes a sandbox: its user and mount namespaces and the stage tmpfs with
-/// /work, /tmp and the root's layout. The namespaces outlive this process
+/// /work, /tmp and the root, finished but for /proc and the program. The namespaces outlive this process
 /// through the descriptors it hands back.
 fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
     process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
     userns::enter_new()?;
-    mounts::mount_stage(plan.tmpfs_bytes, plan.tmpfs_inodes)?;
+    let trees = mounts::mount_stage(plan.tmpfs_bytes, plan.tmpfs_inodes, &plan.binds)?;
     mounts::create_layout(&plan.layout)?;
+    mounts::attach_root(trees)?;
     let fds = [
         userns::open_own("user")?,
         userns::open_own("mnt")?,
@@ -77,16 +74,14 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
         mounts::open_stage_dir("tmp")?,
     ];
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-    protocol::send(socket, &Reply::SetupDone, &borrowed)
-        .map_err(|e| Failure::new("hand over the sandbox", "", &e))
+    protocol::send(socket, &Reply::SetupDone, &borrowed).map_err(|e| Failure::new("hand over the sandbox", "", &e))
 }
 
 /// Runs one job: joins the sandbox, makes the run's own namespaces, and
 /// stays as the parent of the sandbox's init until it ends.
 fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), Failure> {
-    let [user_ns, mount_ns, stdin, stdout, stderr]: [OwnedFd; 5] = fds
-        .try_into()
-        .map_err(|_| Failure::plain("read the request", "expected five descriptors"))?;
+    let [user_ns, mount_ns, stdin, stdout, stderr]: [OwnedFd; 5] =
+        fds.try_into().map_err(|_| Failure::plain("read the request", "expected five descriptors"))?;
     process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
     userns::join(&user_ns, &mount_ns)?;
@@ -102,8 +97,7 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), 
         }
         Forked::Parent { pid, pidfd } => {
             drop((stdin, stdout, stderr));
-            let pidfd =
-                pidfd.ok_or_else(|| Failure::plain("create the run's namespaces", "no pidfd"))?;
+            let pidfd = pidfd.ok_or_else(|| Failure::plain("create the run's namespaces", "no pidfd"))?;
             protocol::send(socket, &Reply::Started { pid1: pid }, &[pidfd.as_fd()])
                 .map_err(|e| Failure::new("report the sandbox's init", "", &e))?;
             wait_for_init(pid, &pidfd, socket);
@@ -117,10 +111,7 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), 
 fn wait_for_init(pid: i32, pidfd: &OwnedFd, socket: BorrowedFd<'_>) {
     use rustix::event::{PollFd, PollFlags, poll};
     loop {
-        let mut fds = [
-            PollFd::new(pidfd, PollFlags::IN),
-            PollFd::new(&socket, PollFlags::empty()),
-        ];
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN), PollFd::new(&socket, PollFlags::empty())];
         match poll(&mut fds, None) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
@@ -142,21 +133,14 @@ fn wait_for_init(pid: i32, pidfd: &OwnedFd, socket: BorrowedFd<'_>) {
 /// PID 1 of the run's PID namespace. Builds the sandbox, starts the code,
 /// reaps every process until the code exits. When it exits, the kernel kills
 /// whatever the code left behind.
-fn sandbox_init(
-    plan: &RunPlan,
-    stdio: [OwnedFd; 3],
-    socket: BorrowedFd<'_>,
-) -> Result<Infallible, Failure> {
+fn sandbox_init(plan: &RunPlan, stdio: [OwnedFd; 3], socket: BorrowedFd<'_>) -> Result<Infallible, Failure> {
     process::die_with_parent(None)?;
     process::not_dumpable()?;
     rustix::system::sethostname(plan.hostname.as_bytes())
         .map_err(|e| Failure::new("set the hostname", "", &e.into()))?;
     network::loopback_up()?;
-    let proxy = plan
-        .proxy_listener
-        .then(network::listen_proxy)
-        .transpose()?;
-    let report = mounts::build_root(&plan.binds, &plan.program_files, plan.report_fifo)?;
+    let proxy = plan.proxy_listener.then(network::listen_proxy).transpose()?;
+    let report = mounts::build_run_root(&plan.program_files, plan.report_fifo)?;
     mounts::pivot_into_stage()?;
     limits::apply(&plan.rlimits)?;
     caps::drop_all()?;
@@ -176,35 +160,18 @@ fn sandbox_init(
         Layer::CapabilitiesDropped,
         Layer::Rlimits,
     ];
-    if matches!(
-        landlock,
-        Some(landlock::Enforced::Fully | landlock::Enforced::Partially)
-    ) {
+    if matches!(landlock, Some(landlock::Enforced::Fully | landlock::Enforced::Partially)) {
         layers.push(Layer::Landlock);
     }
     let handed: Vec<BorrowedFd<'_>> = report.iter().chain(proxy.iter()).map(AsFd::as_fd).collect();
-    protocol::send(
-        socket,
-        &Reply::Ready {
-            layers,
-            landlock_abi: sys::landlock_abi(),
-        },
-        &handed,
-    )
-    .map_err(|e| Failure::new("report readiness", "", &e))?;
+    protocol::send(socket, &Reply::Ready { layers, landlock_abi: sys::landlock_abi() }, &handed)
+        .map_err(|e| Failure::new("report readiness", "", &e))?;
     drop((report, proxy));
 
     let code = process::spawn_code(&exec, stdio, &plan.seccomp)?;
     // The init itself also runs under the filter from here on.
     sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
     let (code_exit, signal) = process::reap_until(code);
-    let _ = protocol::send(
-        socket,
-        &Reply::Exited {
-            code: code_exit,
-            signal,
-        },
-        &[],
-    );
+    let _ = protocol::send(socket, &Reply::Exited { code: code_exit, signal }, &[]);
     std::process::exit(0);
 }

@@ -18,33 +18,17 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_XDEV);
 
 fn open_beneath(dir: BorrowedFd<'_>, name: &str, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
-    openat2(
-        dir,
-        name,
-        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        mode,
-        RESOLVE,
-    )
-    .map_err(io::Error::from)
+    openat2(dir, name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, mode, RESOLVE).map_err(io::Error::from)
 }
 
 /// Writes `data` at `path` below `work`, creating parent directories.
 pub fn write(work: BorrowedFd<'_>, path: &SandboxPath, data: &[u8]) -> Result<(), SandboxError> {
-    let fail = |reason: String| SandboxError::Input {
-        path: path.to_string(),
-        reason,
-    };
+    let fail = |reason: String| SandboxError::Input { path: path.to_string(), reason };
     let explain = |e: io::Error| -> String {
         match e.raw_os_error() {
-            Some(libc::ELOOP) => {
-                "a symbolic link is in the way; links in /work are never followed".to_owned()
-            }
-            Some(libc::ENOSPC) => {
-                "the work directory is full (raise disk_mb or disk_inodes)".to_owned()
-            }
-            Some(libc::EDQUOT) => {
-                "the work directory is full (raise disk_mb or disk_inodes)".to_owned()
-            }
+            Some(libc::ELOOP) => "a symbolic link is in the way; links in /work are never followed".to_owned(),
+            Some(libc::ENOSPC) => "the work directory is full (raise disk_mb or disk_inodes)".to_owned(),
+            Some(libc::EDQUOT) => "the work directory is full (raise disk_mb or disk_inodes)".to_owned(),
             Some(libc::ENOTDIR) => "a parent is a file, not a directory".to_owned(),
             _ => e.to_string(),
         }
@@ -56,13 +40,8 @@ pub fn write(work: BorrowedFd<'_>, path: &SandboxPath, data: &[u8]) -> Result<()
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(fail(explain(e.into()))),
         }
-        let next = open_beneath(
-            at,
-            parent,
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-        )
-        .map_err(|e| fail(explain(e)))?;
+        let next = open_beneath(at, parent, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+            .map_err(|e| fail(explain(e)))?;
         dir = Some(next);
     }
     let at = dir.as_ref().map_or(work, AsFd::as_fd);
@@ -77,9 +56,7 @@ pub fn write(work: BorrowedFd<'_>, path: &SandboxPath, data: &[u8]) -> Result<()
     .map_err(|e| fail(explain(e)))?;
     let stat = fstat(&fd).map_err(|e| fail(e.to_string()))?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-        return Err(fail(
-            "something that is not a regular file is already there".to_owned(),
-        ));
+        return Err(fail("something that is not a regular file is already there".to_owned()));
     }
     rustix::fs::ftruncate(&fd, 0).map_err(|e| fail(explain(e.into())))?;
     let mut file = File::from(fd);
@@ -89,34 +66,18 @@ pub fn write(work: BorrowedFd<'_>, path: &SandboxPath, data: &[u8]) -> Result<()
 
 /// Reads the regular file at `path` below `work`, refusing anything above
 /// `max_bytes`, any link, and anything that is not a regular file.
-pub fn read(
-    work: BorrowedFd<'_>,
-    path: &SandboxPath,
-    max_bytes: u64,
-) -> Result<Vec<u8>, ArtifactError> {
+pub fn read(work: BorrowedFd<'_>, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError> {
     let name = path.to_string();
-    let fd = open_beneath(
-        work,
-        path.relative(),
-        OFlags::RDONLY | OFlags::NONBLOCK,
-        Mode::empty(),
-    )
-    .map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => ArtifactError::NotFound { path: name.clone() },
-        Some(libc::ELOOP) | Some(libc::EXDEV) => ArtifactError::Link { path: name.clone() },
-        Some(libc::ENXIO) => ArtifactError::NotRegular {
-            path: name.clone(),
-            kind: "socket",
-        },
-        _ => ArtifactError::Io {
-            path: name.clone(),
-            source: e,
-        },
-    })?;
-    let stat = fstat(&fd).map_err(|e| ArtifactError::Io {
-        path: name.clone(),
-        source: e.into(),
-    })?;
+    let fd =
+        open_beneath(work, path.relative(), OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty()).map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::ENOENT) => ArtifactError::NotFound { path: name.clone() },
+                Some(libc::ELOOP) | Some(libc::EXDEV) => ArtifactError::Link { path: name.clone() },
+                Some(libc::ENXIO) => ArtifactError::NotRegular { path: name.clone(), kind: "socket" },
+                _ => ArtifactError::Io { path: name.clone(), source: e },
+            }
+        })?;
+    let stat = fstat(&fd).map_err(|e| ArtifactError::Io { path: name.clone(), source: e.into() })?;
     let kind = match FileType::from_raw_mode(stat.st_mode) {
         FileType::RegularFile => None,
         FileType::Directory => Some("directory"),
@@ -131,26 +92,15 @@ pub fn read(
     }
     let size = stat.st_size as u64;
     if size > max_bytes {
-        return Err(ArtifactError::TooLarge {
-            path: name,
-            size,
-            cap: max_bytes,
-        });
+        return Err(ArtifactError::TooLarge { path: name, size, cap: max_bytes });
     }
     let mut data = Vec::with_capacity(size as usize);
     File::from(fd)
         .take(max_bytes + 1)
         .read_to_end(&mut data)
-        .map_err(|e| ArtifactError::Io {
-            path: name.clone(),
-            source: e,
-        })?;
+        .map_err(|e| ArtifactError::Io { path: name.clone(), source: e })?;
     if data.len() as u64 > max_bytes {
-        return Err(ArtifactError::TooLarge {
-            path: name,
-            size: data.len() as u64,
-            cap: max_bytes,
-        });
+        return Err(ArtifactError::TooLarge { path: name, size: data.len() as u64, cap: max_bytes });
     }
     Ok(data)
 }

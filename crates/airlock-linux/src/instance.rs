@@ -12,10 +12,10 @@ use airlock_core::{ArtifactError, Execution, Instance, Job, KillSwitch, Runtime,
 use airlock_policy::{Isolation, Layer, Limit, Policy, SandboxPath, Status, Usage};
 
 use crate::cgroup::{CgroupLimits, Hierarchy, RunCgroup};
-use crate::protocol::{Bind, LandlockPlan, RunPlan};
+use crate::protocol::{LandlockPlan, RunPlan};
 use crate::seccomp::Instruction;
 use crate::supervise::{self, KillReason, Observed, SandboxFds, Watch};
-use crate::{copy, limits, mounts};
+use crate::{copy, limits};
 
 /// Processes of airlock's own in each run's cgroup: the helper and the
 /// sandbox's init. The pids limit is the code's, on top of these.
@@ -31,7 +31,6 @@ pub struct LinuxInstance {
     /// The stage tmpfs's root, for its free space after a run.
     pub(crate) stage: OwnedFd,
     pub(crate) work: OwnedFd,
-    pub(crate) binds: Vec<Bind>,
     pub(crate) cgroups: Option<Hierarchy>,
     pub(crate) degraded: Vec<Layer>,
     pub(crate) seccomp: Arc<Vec<Instruction>>,
@@ -42,25 +41,16 @@ pub struct LinuxInstance {
 
 impl std::fmt::Debug for LinuxInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LinuxInstance")
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
+        f.debug_struct("LinuxInstance").field("policy", &self.policy).finish_non_exhaustive()
     }
 }
 
 impl Instance for LinuxInstance {
     fn write(&mut self, path: &SandboxPath, data: &[u8]) -> Result<(), SandboxError> {
         let limits = &self.policy.limits;
-        let fail = |reason: String| SandboxError::Input {
-            path: path.to_string(),
-            reason,
-        };
+        let fail = |reason: String| SandboxError::Input { path: path.to_string(), reason };
         if data.len() as u64 > limits.file_bytes {
-            return Err(fail(format!(
-                "{} bytes is above max_file_bytes ({})",
-                data.len(),
-                limits.file_bytes
-            )));
+            return Err(fail(format!("{} bytes is above max_file_bytes ({})", data.len(), limits.file_bytes)));
         }
         if self.written + data.len() as u64 > limits.files_total_bytes {
             return Err(fail(format!(
@@ -81,12 +71,8 @@ impl Instance for LinuxInstance {
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
         let program = driver::program(job, &self.runtime, &caps);
-        let env: Vec<String> = self
-            .runtime
-            .environment(&self.policy.env)
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let env: Vec<String> =
+            self.runtime.environment(&self.policy.env).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
         if self.policy.network.is_enabled() {
             return Err(SandboxError::Unsupported {
                 backend: "linux",
@@ -95,30 +81,19 @@ impl Instance for LinuxInstance {
             });
         }
         let landlock_required = !self.degraded.contains(&Layer::Landlock);
-        let mut writable_files: Vec<String> = ["/dev/null", "/dev/zero", "/dev/full"]
-            .map(String::from)
-            .to_vec();
+        let mut writable_files: Vec<String> = ["/dev/null", "/dev/zero", "/dev/full"].map(String::from).to_vec();
         if program.reports {
             writable_files.push(format!("{PROGRAM_DIR}/{REPORT_FILE}"));
         }
         let plan = RunPlan {
             supervisor_pid: std::process::id() as i32,
             hostname: "airlock".to_owned(),
-            binds: self.binds.clone(),
-            devices: mounts::DEVICES.map(String::from).to_vec(),
-            program_files: program
-                .files
-                .iter()
-                .map(|f| (f.name.to_owned(), f.content.clone()))
-                .collect(),
+            program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_fifo: program.reports,
             proxy_listener: false,
             argv: program.argv,
             env,
-            cwd: job
-                .cwd
-                .as_ref()
-                .map_or_else(|| "/work".to_owned(), ToString::to_string),
+            cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
             rlimits: limits::for_policy(&self.policy, self.cgroups.is_none()),
             landlock: (self.landlock_abi.is_some() || landlock_required).then(|| LandlockPlan {
                 writable_dirs: vec!["/work".to_owned(), "/tmp".to_owned()],
@@ -155,10 +130,7 @@ impl Instance for LinuxInstance {
         let observed = supervise::run(
             &self.helper,
             plan,
-            SandboxFds {
-                user_ns: self.user_ns.as_fd(),
-                mount_ns: self.mount_ns.as_fd(),
-            },
+            SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd() },
             cgroup.as_deref(),
             &watch,
             &mut no_proxy,
@@ -168,8 +140,7 @@ impl Instance for LinuxInstance {
         let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
         let cgroup_version = cgroup.as_ref().map(|c| c.version());
         if let Some(mut c) = cgroup.take() {
-            c.remove()
-                .map_err(|e| SandboxError::io("removing the run's cgroup", e))?;
+            c.remove().map_err(|e| SandboxError::io("removing the run's cgroup", e))?;
         }
         self.execution(job, observed, stats, cgroup_version, &caps)
     }
@@ -185,10 +156,7 @@ impl LinuxInstance {
         caps: &ReportCaps,
     ) -> Result<Execution, SandboxError> {
         if let Some(failure) = observed.failure {
-            return Err(SandboxError::Setup {
-                step: failure.step.clone(),
-                detail: failure.to_string(),
-            });
+            return Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() });
         }
         let limits = &self.policy.limits;
         let mut hit: BTreeSet<Limit> = observed.limits_hit.iter().copied().collect();
@@ -217,69 +185,36 @@ impl LinuxInstance {
         let (status, message) = match observed.killed {
             Some(KillReason::WallTime) => {
                 hit.insert(Limit::WallTime);
-                (
-                    Status::Timeout,
-                    format!(
-                        "stopped at the wall-time limit of {}",
-                        seconds(limits.wall_time)
-                    ),
-                )
+                (Status::Timeout, format!("stopped at the wall-time limit of {}", seconds(limits.wall_time)))
             }
             Some(KillReason::CpuTime) => {
                 hit.insert(Limit::CpuTime);
-                (
-                    Status::CpuLimit,
-                    format!(
-                        "stopped at the CPU-time limit of {}",
-                        seconds(limits.cpu_time)
-                    ),
-                )
+                (Status::CpuLimit, format!("stopped at the CPU-time limit of {}", seconds(limits.cpu_time)))
             }
             Some(KillReason::Output) => (
                 Status::OutputLimit,
-                format!(
-                    "stopped when its output passed the limit of {} bytes per stream",
-                    limits.output_bytes
-                ),
+                format!("stopped when its output passed the limit of {} bytes per stream", limits.output_bytes),
             ),
-            Some(KillReason::Requested) => (
-                Status::SandboxError,
-                "stopped on request before it finished".to_owned(),
-            ),
+            Some(KillReason::Requested) => (Status::SandboxError, "stopped on request before it finished".to_owned()),
             Some(KillReason::SetupTimeout) => {
                 return Err(SandboxError::Setup {
                     step: "start the sandbox".to_owned(),
                     detail: "it was not ready within 30 s".to_owned(),
                 });
             }
-            None if stats.oom_kills > 0
-                && (!observed.exited || observed.signal == Some(SIGKILL)) =>
-            {
-                (
-                    Status::MemoryLimit,
-                    format!(
-                        "killed by the kernel at the memory limit of {} MiB",
-                        limits.memory_bytes >> 20
-                    ),
-                )
-            }
+            None if stats.oom_kills > 0 && (!observed.exited || observed.signal == Some(SIGKILL)) => (
+                Status::MemoryLimit,
+                format!("killed by the kernel at the memory limit of {} MiB", limits.memory_bytes >> 20),
+            ),
             None if !observed.exited => {
                 return Err(SandboxError::Setup {
                     step: "supervise the run".to_owned(),
                     detail: "the sandbox's init ended without reporting the code's exit".to_owned(),
                 });
             }
-            None if observed.signal == Some(SIGXCPU)
-                || (observed.signal == Some(SIGKILL) && over_cpu) =>
-            {
+            None if observed.signal == Some(SIGXCPU) || (observed.signal == Some(SIGKILL) && over_cpu) => {
                 hit.insert(Limit::CpuTime);
-                (
-                    Status::CpuLimit,
-                    format!(
-                        "stopped at the CPU-time limit of {}",
-                        seconds(limits.cpu_time)
-                    ),
-                )
+                (Status::CpuLimit, format!("stopped at the CPU-time limit of {}", seconds(limits.cpu_time)))
             }
             None if observed.exit_code == Some(0) => (Status::Ok, String::new()),
             None => (Status::Failed, String::new()),
@@ -297,10 +232,7 @@ impl LinuxInstance {
         if let Some(abi) = observed.landlock_abi {
             details.insert("landlock_abi".to_owned(), abi.to_string());
         }
-        details.insert(
-            "seccomp".to_owned(),
-            format!("allowlist, {} BPF instructions", self.seccomp.len()),
-        );
+        details.insert("seccomp".to_owned(), format!("allowlist, {} BPF instructions", self.seccomp.len()));
         if cgroup_version.is_none() {
             details.insert(
                 "limits".to_owned(),
@@ -311,10 +243,8 @@ impl LinuxInstance {
         let report = (!observed.report.is_empty() || observed.report_overflow).then(|| {
             if observed.report_overflow {
                 let mut r = driver::DriverReport::default();
-                r.problems.push(format!(
-                    "the driver's report passed its cap of {} bytes and was dropped",
-                    caps.report_bytes
-                ));
+                r.problems
+                    .push(format!("the driver's report passed its cap of {} bytes and was dropped", caps.report_bytes));
                 r
             } else {
                 driver::parse_report(&observed.report, caps)
@@ -334,12 +264,7 @@ impl LinuxInstance {
                 cpu_ms: cpu_used.map(|d| d.as_millis() as u64),
                 peak_memory_bytes: stats.peak_memory_bytes,
             },
-            isolation: Isolation {
-                backend: "linux".to_owned(),
-                layers,
-                degraded: self.degraded.clone(),
-                details,
-            },
+            isolation: Isolation { backend: "linux".to_owned(), layers, degraded: self.degraded.clone(), details },
             report,
             network: None,
         })

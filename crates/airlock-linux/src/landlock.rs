@@ -3,8 +3,8 @@
 //! signal processes outside its own sandbox (ABI 6 and later).
 
 use landlock::{
-    ABI, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, Scope,
 };
 
 use crate::protocol::{Failure, LandlockPlan};
@@ -27,11 +27,9 @@ pub enum Enforced {
 /// Child side: restricts this process and its future children.
 pub fn restrict(plan: &LandlockPlan) -> Result<Enforced, Failure> {
     let step = "apply Landlock";
-    let fail =
-        |detail: &str, e: &dyn std::fmt::Display| Failure::plain(step, format!("{detail}: {e}"));
+    let fail = |detail: &str, e: &dyn std::fmt::Display| Failure::plain(step, format!("{detail}: {e}"));
     let write_dir: BitFlags<AccessFs> = AccessFs::from_write(NEWEST);
-    let write_file: BitFlags<AccessFs> =
-        AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
+    let write_file: BitFlags<AccessFs> = AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
     // Best effort: an older kernel still gets every restriction it has; only
     // no Landlock at all fails a run that requires it (checked below).
     let mut ruleset = Ruleset::default()
@@ -44,15 +42,11 @@ pub fn restrict(plan: &LandlockPlan) -> Result<Enforced, Failure> {
         .map_err(|e| fail("create ruleset", &e))?;
     for dir in &plan.writable_dirs {
         let fd = PathFd::new(dir).map_err(|e| fail(dir, &e))?;
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, write_dir))
-            .map_err(|e| fail(dir, &e))?;
+        ruleset = ruleset.add_rule(PathBeneath::new(fd, write_dir)).map_err(|e| fail(dir, &e))?;
     }
     for file in &plan.writable_files {
         let fd = PathFd::new(file).map_err(|e| fail(file, &e))?;
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, write_file))
-            .map_err(|e| fail(file, &e))?;
+        ruleset = ruleset.add_rule(PathBeneath::new(fd, write_file)).map_err(|e| fail(file, &e))?;
     }
     let status = ruleset.restrict_self().map_err(|e| fail("restrict", &e))?;
     let enforced = match status.ruleset {

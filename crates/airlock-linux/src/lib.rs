@@ -84,10 +84,7 @@ impl LinuxBackend {
 
     /// A backend using this helper binary.
     pub fn with_helper(helper: impl Into<PathBuf>) -> LinuxBackend {
-        LinuxBackend {
-            helper: Some(helper.into()),
-            state: OnceLock::new(),
-        }
+        LinuxBackend { helper: Some(helper.into()), state: OnceLock::new() }
     }
 
     fn state(&self) -> &HostState {
@@ -102,11 +99,7 @@ impl LinuxBackend {
                 .and_then(|p| seccomp::compile(&p))
                 .map(Arc::new)
                 .map_err(|e| e.to_string());
-            HostState {
-                cgroups,
-                probe,
-                seccomp,
-            }
+            HostState { cgroups, probe, seccomp }
         })
     }
 
@@ -118,15 +111,9 @@ impl LinuxBackend {
         if let Some(path) = std::env::var_os(HELPER_ENV).filter(|p| !p.is_empty()) {
             return Ok(PathBuf::from(path));
         }
-        let beside = std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|d| d.join(HELPER_NAME)));
+        let beside = std::env::current_exe().ok().and_then(|exe| exe.parent().map(|d| d.join(HELPER_NAME)));
         let on_path = std::env::var_os("PATH")
-            .map(|p| {
-                std::env::split_paths(&p)
-                    .map(|d| d.join(HELPER_NAME))
-                    .collect::<Vec<_>>()
-            })
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(HELPER_NAME)).collect::<Vec<_>>())
             .unwrap_or_default();
         beside.into_iter().chain(on_path).find(|p| p.is_file()).ok_or_else(|| SandboxError::Missing {
             what: format!("the sandbox helper `{HELPER_NAME}`"),
@@ -144,39 +131,30 @@ impl Backend for LinuxBackend {
         Ok(self.state().probe.clone())
     }
 
-    fn create(
-        &self,
-        policy: &Policy,
-        runtime: &Runtime,
-    ) -> Result<Box<dyn Instance>, SandboxError> {
+    fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError> {
         let state = self.state();
         policy.check(&state.probe.host)?;
         let degraded = state.probe.check(policy)?;
-        let seccomp = state.seccomp.clone().map_err(|e| SandboxError::Setup {
-            step: "compile the seccomp filter".to_owned(),
-            detail: e,
-        })?;
+        let seccomp = state
+            .seccomp
+            .clone()
+            .map_err(|e| SandboxError::Setup { step: "compile the seccomp filter".to_owned(), detail: e })?;
         let helper = self.helper_path()?;
-        let (layout, binds) = mounts::layout_for(runtime).map_err(|e| SandboxError::Setup {
-            step: "lay out the sandbox".to_owned(),
-            detail: e.to_string(),
-        })?;
+        let (layout, binds) = mounts::layout_for(runtime)
+            .map_err(|e| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail: e.to_string() })?;
         let plan = SetupPlan {
             supervisor_pid: std::process::id() as i32,
             tmpfs_bytes: policy.limits.disk_bytes + mounts::LAYOUT_BYTES,
             tmpfs_inodes: policy.limits.disk_inodes + mounts::LAYOUT_INODES,
             layout,
+            binds,
         };
         let [user_ns, mount_ns, stage, work, tmp] = setup(&helper, plan)?;
         for (name, content) in &runtime.tmp_seed {
             let path = SandboxPath::parse(name)?;
             copy::write(tmp.as_fd(), &path, content)?;
         }
-        let cgroups = if degraded.contains(&Layer::Cgroups) {
-            None
-        } else {
-            state.cgroups.clone().ok()
-        };
+        let cgroups = if degraded.contains(&Layer::Cgroups) { None } else { state.cgroups.clone().ok() };
         Ok(Box::new(LinuxInstance {
             helper,
             policy: policy.clone(),
@@ -185,7 +163,6 @@ impl Backend for LinuxBackend {
             mount_ns,
             stage,
             work,
-            binds,
             cgroups,
             degraded,
             seccomp,
@@ -199,17 +176,9 @@ impl Backend for LinuxBackend {
 /// user ns, mount ns, stage root, /work, /tmp.
 fn setup(helper: &Path, plan: SetupPlan) -> Result<[OwnedFd; 5], SandboxError> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
-    let step = |detail: String| SandboxError::Setup {
-        step: "create the sandbox".to_owned(),
-        detail,
-    };
-    let (ours, theirs) = socketpair(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(|e| SandboxError::io("creating a socket for the helper", e.into()))?;
+    let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
+    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .map_err(|e| SandboxError::io("creating a socket for the helper", e.into()))?;
     let mut child = Command::new(helper)
         .env_clear()
         .stdin(Stdio::from(theirs))
@@ -221,16 +190,12 @@ fn setup(helper: &Path, plan: SetupPlan) -> Result<[OwnedFd; 5], SandboxError> {
     let reply = sent.and_then(|()| protocol::recv::<Reply>(ours.as_fd()));
     let _ = child.wait();
     match reply {
-        Ok(Some((Reply::SetupDone, fds))) => fds.try_into().map_err(|fds: Vec<OwnedFd>| {
-            step(format!(
-                "the helper handed over {} descriptors, not 5",
-                fds.len()
-            ))
-        }),
-        Ok(Some((Reply::Failed(failure), _))) => Err(SandboxError::Setup {
-            step: failure.step.clone(),
-            detail: failure.to_string(),
-        }),
+        Ok(Some((Reply::SetupDone, fds))) => fds
+            .try_into()
+            .map_err(|fds: Vec<OwnedFd>| step(format!("the helper handed over {} descriptors, not 5", fds.len()))),
+        Ok(Some((Reply::Failed(failure), _))) => {
+            Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() })
+        }
         Ok(Some((other, _))) => Err(step(format!("unexpected reply {other:?}"))),
         Ok(None) => Err(step("the helper exited without a word".to_owned())),
         Err(e) => Err(SandboxError::io("talking to the helper", e)),

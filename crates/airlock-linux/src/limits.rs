@@ -9,11 +9,7 @@ use crate::protocol::{Failure, Rlimit, RlimitResource};
 /// weaker per-process stand-ins for the cgroup's memory and pids limits.
 pub fn for_policy(policy: &Policy, without_cgroups: bool) -> Vec<Rlimit> {
     let l = &policy.limits;
-    let both = |resource, value| Rlimit {
-        resource,
-        soft: value,
-        hard: value,
-    };
+    let both = |resource, value| Rlimit { resource, soft: value, hard: value };
     // A second past the CPU limit, so the supervisor's own check (which sums
     // the whole run) normally fires first and names the limit.
     let cpu_seconds = l.cpu_time.as_secs() + 1;
@@ -21,11 +17,7 @@ pub fn for_policy(policy: &Policy, without_cgroups: bool) -> Vec<Rlimit> {
         both(RlimitResource::Core, 0),
         both(RlimitResource::NoFile, u64::from(l.open_files)),
         both(RlimitResource::FileSize, l.disk_bytes),
-        Rlimit {
-            resource: RlimitResource::Cpu,
-            soft: cpu_seconds,
-            hard: cpu_seconds + 1,
-        },
+        Rlimit { resource: RlimitResource::Cpu, soft: cpu_seconds, hard: cpu_seconds + 1 },
         both(RlimitResource::MemLock, 64 * 1024),
     ];
     if without_cgroups {
@@ -47,14 +39,8 @@ pub fn apply(limits: &[Rlimit]) -> Result<(), Failure> {
             RlimitResource::AddressSpace => Resource::As,
             RlimitResource::MemLock => Resource::Memlock,
         };
-        setrlimit(
-            resource,
-            Limit {
-                current: Some(limit.soft),
-                maximum: Some(limit.hard),
-            },
-        )
-        .map_err(|e| Failure::new("set rlimits", format!("{:?}", limit.resource), &e.into()))?;
+        setrlimit(resource, Limit { current: Some(limit.soft), maximum: Some(limit.hard) })
+            .map_err(|e| Failure::new("set rlimits", format!("{:?}", limit.resource), &e.into()))?;
     }
     Ok(())
 }

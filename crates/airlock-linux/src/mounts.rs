@@ -23,8 +23,8 @@ use airlock_core::driver::{PROGRAM_DIR, REPORT_FILE};
 use airlock_core::runtime::Runtime;
 use rustix::fs::{CWD, Mode, OFlags};
 use rustix::mount::{
-    MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags, mount,
-    mount_change, mount_remount, move_mount, open_tree, unmount,
+    MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags, mount, mount_change, mount_remount,
+    move_mount, open_tree, unmount,
 };
 
 use crate::protocol::{Bind, Failure, LayoutEntry};
@@ -44,31 +44,15 @@ pub const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
 
 /// Files under /proc hidden behind /dev/null: they expose the host's kernel
 /// memory, keys, timers and scheduler.
-const PROC_MASKED_FILES: [&str; 8] = [
-    "kcore",
-    "keys",
-    "key-users",
-    "timer_list",
-    "sched_debug",
-    "latency_stats",
-    "sysrq-trigger",
-    "kallsyms",
-];
+const PROC_MASKED_FILES: [&str; 8] =
+    ["kcore", "keys", "key-users", "timer_list", "sched_debug", "latency_stats", "sysrq-trigger", "kallsyms"];
 /// Directories under /proc hidden behind an empty read-only tmpfs.
 const PROC_MASKED_DIRS: [&str; 5] = ["acpi", "scsi", "bus", "irq", "asound"];
 /// Directories under /proc made read-only.
 const PROC_READ_ONLY: [&str; 2] = ["sys", "fs"];
 
 /// Sandbox paths a runtime may not mount over.
-const RESERVED: [&str; 7] = [
-    "/work",
-    "/tmp",
-    "/proc",
-    "/dev",
-    "/etc",
-    PROGRAM_DIR,
-    "/usr",
-];
+const RESERVED: [&str; 7] = ["/work", "/tmp", "/proc", "/dev", "/etc", PROGRAM_DIR, "/usr"];
 
 /// Space the layout itself takes on the stage, added to the user's caps so
 /// that /work and /tmp get all they were promised.
@@ -91,71 +75,34 @@ pub enum LayoutError {
 /// The root's layout and its binds, for a runtime. Supervisor side.
 pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), LayoutError> {
     let mut entries = vec![
-        LayoutEntry::Dir {
-            path: "work".into(),
-            mode: 0o755,
-        },
-        LayoutEntry::Dir {
-            path: "tmp".into(),
-            mode: 0o1777,
-        },
-        LayoutEntry::Dir {
-            path: PROGRAM_DIR.trim_start_matches('/').into(),
-            mode: 0o755,
-        },
-        LayoutEntry::Dir {
-            path: "proc".into(),
-            mode: 0o555,
-        },
-        LayoutEntry::Dir {
-            path: "dev".into(),
-            mode: 0o755,
-        },
-        LayoutEntry::Dir {
-            path: "etc".into(),
-            mode: 0o755,
-        },
-        LayoutEntry::Dir {
-            path: "usr".into(),
-            mode: 0o755,
-        },
+        LayoutEntry::Dir { path: "work".into(), mode: 0o755 },
+        LayoutEntry::Dir { path: "tmp".into(), mode: 0o1777 },
+        LayoutEntry::Dir { path: PROGRAM_DIR.trim_start_matches('/').into(), mode: 0o755 },
+        LayoutEntry::Dir { path: "proc".into(), mode: 0o555 },
+        LayoutEntry::Dir { path: "dev".into(), mode: 0o755 },
+        LayoutEntry::Dir { path: "etc".into(), mode: 0o755 },
+        LayoutEntry::Dir { path: "usr".into(), mode: 0o755 },
     ];
-    let mut binds = vec![Bind {
-        source: "/usr".into(),
-        target: "/usr".into(),
-    }];
+    let mut binds = vec![Bind { source: "/usr".into(), target: "/usr".into() }];
     // The top-level library and binary folders: symbolic links into /usr on
     // merged-/usr systems (copied as links), real folders elsewhere (bound).
     for name in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
         let host = Path::new("/").join(name);
         match fs::symlink_metadata(&host) {
             Ok(meta) if meta.file_type().is_symlink() => {
-                let target = fs::read_link(&host).map_err(|source| LayoutError::Io {
-                    path: host.display().to_string(),
-                    source,
-                })?;
-                entries.push(LayoutEntry::Symlink {
-                    path: name.into(),
-                    target: target.to_string_lossy().into_owned(),
-                });
+                let target = fs::read_link(&host)
+                    .map_err(|source| LayoutError::Io { path: host.display().to_string(), source })?;
+                entries.push(LayoutEntry::Symlink { path: name.into(), target: target.to_string_lossy().into_owned() });
             }
             Ok(meta) if meta.is_dir() => {
-                entries.push(LayoutEntry::Dir {
-                    path: name.into(),
-                    mode: 0o755,
-                });
-                binds.push(Bind {
-                    source: host.display().to_string(),
-                    target: format!("/{name}"),
-                });
+                entries.push(LayoutEntry::Dir { path: name.into(), mode: 0o755 });
+                binds.push(Bind { source: host.display().to_string(), target: format!("/{name}") });
             }
             _ => {}
         }
     }
     for name in DEVICES {
-        entries.push(LayoutEntry::MountFile {
-            path: format!("dev/{name}"),
-        });
+        entries.push(LayoutEntry::MountFile { path: format!("dev/{name}") });
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -163,10 +110,7 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        entries.push(LayoutEntry::Symlink {
-            path: format!("dev/{name}"),
-            target: target.into(),
-        });
+        entries.push(LayoutEntry::Symlink { path: format!("dev/{name}"), target: target.into() });
     }
     entries.extend(etc_files());
 
@@ -182,40 +126,25 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
             continue; // already there with /usr
         }
         if target == Path::new("/") || RESERVED.iter().any(|r| target.starts_with(r)) {
-            return Err(LayoutError::Reserved(
-                source.display().to_string(),
-                target_text,
-            ));
+            return Err(LayoutError::Reserved(source.display().to_string(), target_text));
         }
         let is_dir = fs::metadata(source)
-            .map_err(|e| LayoutError::Io {
-                path: source.display().to_string(),
-                source: e,
-            })?
+            .map_err(|e| LayoutError::Io { path: source.display().to_string(), source: e })?
             .is_dir();
         let relative = target_text.trim_start_matches('/').to_owned();
         entries.push(if is_dir {
-            LayoutEntry::Dir {
-                path: relative,
-                mode: 0o755,
-            }
+            LayoutEntry::Dir { path: relative, mode: 0o755 }
         } else {
             LayoutEntry::MountFile { path: relative }
         });
-        binds.push(Bind {
-            source: source.display().to_string(),
-            target: target_text,
-        });
+        binds.push(Bind { source: source.display().to_string(), target: target_text });
     }
     Ok((entries, binds))
 }
 
 /// A minimal /etc written by airlock; nothing is copied from the host's.
 fn etc_files() -> Vec<LayoutEntry> {
-    let file = |name: &str, content: String| LayoutEntry::File {
-        path: format!("etc/{name}"),
-        content,
-    };
+    let file = |name: &str, content: String| LayoutEntry::File { path: format!("etc/{name}"), content };
     vec![
         file(
             "passwd",
@@ -223,48 +152,59 @@ fn etc_files() -> Vec<LayoutEntry> {
                 "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:airlock sandbox:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
             ),
         ),
-        file(
-            "group",
-            format!("root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"),
-        ),
-        file(
-            "hosts",
-            "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n".into(),
-        ),
+        file("group", format!("root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n")),
+        file("hosts", "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n".into()),
         file("hostname", "airlock\n".into()),
-        file(
-            "nsswitch.conf",
-            "passwd: files\ngroup: files\nhosts: files\n".into(),
-        ),
+        file("nsswitch.conf", "passwd: files\ngroup: files\nhosts: files\n".into()),
     ]
 }
 
 /// Mounts a fresh instance of the kernel filesystem `fstype` (tmpfs, proc).
-fn mount_fs(
-    fstype: &str,
-    target: &Path,
-    flags: MountFlags,
-    options: &str,
-) -> rustix::io::Result<()> {
+fn mount_fs(fstype: &str, target: &Path, flags: MountFlags, options: &str) -> rustix::io::Result<()> {
     let options = std::ffi::CString::new(options).map_err(|_| rustix::io::Errno::INVAL)?;
     mount(fstype, target, fstype, flags, Some(options.as_c_str()))
 }
 
-/// Child side, at setup: mounts the stage tmpfs at [`STAGE`].
-pub fn mount_stage(bytes: u64, inodes: u64) -> Result<(), Failure> {
-    mount_change(
-        "/",
-        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
-    )
-    .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
+/// Child side, at setup: clones the trees to bind (the host's /usr, the
+/// interpreter, the devices) before the stage covers /tmp (a source may lie
+/// below it), then mounts the stage tmpfs at [`STAGE`].
+pub fn mount_stage(bytes: u64, inodes: u64, binds: &[Bind]) -> Result<Vec<(OwnedFd, PathBuf)>, Failure> {
+    mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
+        .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
+    let mut trees = Vec::new();
+    for b in binds {
+        trees.push((clone_tree(Path::new(&b.source), READ_ONLY, true)?, stage_path(&b.target)));
+    }
+    for name in DEVICES {
+        // The five devices: the only mounts without nodev. Read-only mounts
+        // (writing to a device on a read-only mount still works).
+        let attributes = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC;
+        trees
+            .push((clone_tree(&Path::new("/dev").join(name), attributes, false)?, stage_path(&format!("/dev/{name}"))));
+    }
     let options = format!("size={bytes},nr_inodes={inodes},mode=0755");
-    mount_fs(
-        "tmpfs",
-        Path::new(STAGE),
-        MountFlags::NOSUID | MountFlags::NODEV,
-        &options,
-    )
-    .map_err(|e| Failure::new("mount the work tmpfs", options.clone(), &e.into()))
+    mount_fs("tmpfs", Path::new(STAGE), MountFlags::NOSUID | MountFlags::NODEV, &options)
+        .map_err(|e| Failure::new("mount the work tmpfs", options.clone(), &e.into()))?;
+    Ok(trees)
+}
+
+/// Child side, at setup, once the layout exists: attaches the cloned trees
+/// to their mountpoints, makes /work and /tmp mounts of their own, and the
+/// rest of the root read-only. Runs copy this namespace, so they start from
+/// a finished root.
+pub fn attach_root(trees: Vec<(OwnedFd, PathBuf)>) -> Result<(), Failure> {
+    for (tree, target) in trees {
+        move_mount(tree.as_fd(), "", CWD, &target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+            .map_err(|e| Failure::new("bind-mount into the sandbox", target.display().to_string(), &e.into()))?;
+    }
+    for dir in ["/work", "/tmp"] {
+        let path = stage_path(dir);
+        let tree = clone_tree(&path, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV, false)?;
+        move_mount(tree.as_fd(), "", CWD, &path, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+            .map_err(|e| Failure::new("mount /work and /tmp", dir, &e.into()))?;
+    }
+    mount_remount(Path::new(STAGE), MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV, "")
+        .map_err(|e| Failure::new("make the root read-only", "", &e.into()))
 }
 
 /// Child side, at setup: creates the layout on the stage.
@@ -291,9 +231,7 @@ pub fn create_layout(entries: &[LayoutEntry]) -> Result<(), Failure> {
                 .map_err(|e| Failure::new(step, path.clone(), &e)),
             LayoutEntry::File { path, content } => create_parent(stage, path)
                 .and_then(|()| fs::write(stage.join(path), content))
-                .and_then(|()| {
-                    fs::set_permissions(stage.join(path), fs::Permissions::from_mode(0o644))
-                })
+                .and_then(|()| fs::set_permissions(stage.join(path), fs::Permissions::from_mode(0o644)))
                 .map_err(|e| Failure::new(step, path.clone(), &e)),
         };
         result?;
@@ -303,10 +241,7 @@ pub fn create_layout(entries: &[LayoutEntry]) -> Result<(), Failure> {
 
 fn create_parent(stage: &Path, path: &str) -> io::Result<()> {
     match stage.join(path).parent() {
-        Some(parent) => fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent),
+        Some(parent) => fs::DirBuilder::new().recursive(true).mode(0o755).create(parent),
         None => Ok(()),
     }
 }
@@ -314,81 +249,48 @@ fn create_parent(stage: &Path, path: &str) -> io::Result<()> {
 /// Opens a directory of the stage for the supervisor.
 pub fn open_stage_dir(relative: &str) -> Result<OwnedFd, Failure> {
     let path = Path::new(STAGE).join(relative);
-    rustix::fs::open(
-        &path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(|e| {
-        Failure::new(
-            "open the sandbox's directories",
-            path.display().to_string(),
-            &e.into(),
-        )
-    })
+    rustix::fs::open(&path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::empty())
+        .map_err(|e| Failure::new("open the sandbox's directories", path.display().to_string(), &e.into()))
 }
 
 fn stage_path(sandbox_path: &str) -> PathBuf {
     Path::new(STAGE).join(sandbox_path.trim_start_matches('/'))
 }
 
-/// Binds the tree at `source` onto `target`, read-only, nosuid and nodev
-/// throughout (mount_setattr applies the flags to every mount below too,
-/// which a remount of the top alone would not).
-fn bind(source: &Path, target: &Path, attributes: u64, recursive: bool) -> Result<(), Failure> {
+/// Clones the mount tree at `source` (detached), with `attributes` set on
+/// it and, through mount_setattr, on every mount below it (which a remount of
+/// the top alone would not do).
+fn clone_tree(source: &Path, attributes: u64, recursive: bool) -> Result<OwnedFd, Failure> {
     let step = "bind-mount into the sandbox";
-    let detail = || format!("{} on {}", source.display(), target.display());
     let mut flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC;
     if recursive {
         flags |= OpenTreeFlags::AT_RECURSIVE;
     }
     let tree =
-        open_tree(CWD, source, flags).map_err(|e| Failure::new(step, detail(), &e.into()))?;
+        open_tree(CWD, source, flags).map_err(|e| Failure::new(step, source.display().to_string(), &e.into()))?;
     sys::mount_setattr_recursive(tree.as_fd(), attributes)
-        .map_err(|e| Failure::new(step, detail(), &e))?;
-    move_mount(
-        tree.as_fd(),
-        "",
-        CWD,
-        target,
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| Failure::new(step, detail(), &e.into()))
+        .map_err(|e| Failure::new(step, source.display().to_string(), &e))?;
+    Ok(tree)
+}
+
+/// Binds `source` onto `target` with `attributes`.
+fn bind(source: &Path, target: &Path, attributes: u64, recursive: bool) -> Result<(), Failure> {
+    let tree = clone_tree(source, attributes, recursive)?;
+    move_mount(tree.as_fd(), "", CWD, target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(|e| Failure::new("bind-mount into the sandbox", target.display().to_string(), &e.into()))
 }
 
 const READ_ONLY: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
-/// Child side, for each run: builds the root on the stage. Returns the
-/// report FIFO, opened for the supervisor, when asked for.
-pub fn build_root(
-    binds: &[Bind],
-    program_files: &[(String, Vec<u8>)],
-    report_fifo: bool,
-) -> Result<Option<OwnedFd>, Failure> {
-    mount_change(
-        "/",
-        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
-    )
-    .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
-
-    for b in binds {
-        bind(
-            Path::new(&b.source),
-            &stage_path(&b.target),
-            READ_ONLY,
-            true,
-        )?;
-    }
-
-    // A fresh /proc for the new PID namespace, with the host's kernel internals masked.
+/// Child side, for each run: a fresh /proc for the run's PID namespace with
+/// the host's kernel internals masked, and the program at /.airlock. Returns
+/// the report FIFO, opened for the supervisor, when asked for.
+pub fn build_run_root(program_files: &[(String, Vec<u8>)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
+    mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
+        .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     let proc_dir = stage_path("/proc");
-    mount_fs(
-        "proc",
-        &proc_dir,
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        "",
-    )
-    .map_err(|e| Failure::new("mount /proc", "", &e.into()))?;
+    mount_fs("proc", &proc_dir, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "")
+        .map_err(|e| Failure::new("mount /proc", "", &e.into()))?;
     for name in PROC_MASKED_FILES {
         let target = proc_dir.join(name);
         if target.exists() {
@@ -398,8 +300,7 @@ pub fn build_root(
     for name in PROC_MASKED_DIRS {
         let target = proc_dir.join(name);
         if target.is_dir() {
-            let flags =
-                MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+            let flags = MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
             mount_fs("tmpfs", &target, flags, "size=4k,nr_inodes=1")
                 .map_err(|e| Failure::new("mask /proc", name, &e.into()))?;
         }
@@ -410,71 +311,22 @@ pub fn build_root(
             bind(&target, &target, READ_ONLY | sys::MOUNT_ATTR_NOEXEC, true)?;
         }
     }
-
-    // The five devices: the only mounts without nodev, all read-only mounts
-    // (writing to a device on a read-only mount still works).
-    for name in DEVICES {
-        let host = Path::new("/dev").join(name);
-        bind(
-            &host,
-            &stage_path(&format!("/dev/{name}")),
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
-            false,
-        )?;
-    }
-
-    // /work and /tmp become mounts of their own so they stay writable when
-    // the root turns read-only.
-    for dir in ["/work", "/tmp"] {
-        let path = stage_path(dir);
-        bind(
-            &path,
-            &path,
-            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-            false,
-        )?;
-    }
-
-    let report = write_program(program_files, report_fifo)?;
-
-    let stage = Path::new(STAGE);
-    mount_remount(
-        stage,
-        MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
-        "",
-    )
-    .map_err(|e| Failure::new("make the root read-only", "", &e.into()))?;
-    Ok(report)
+    write_program(program_files, report_fifo)
 }
 
 /// Mounts a small tmpfs at /.airlock holding the program, then makes it
 /// read-only. Kept apart from the stage so a full /work cannot stop the next
 /// run from starting.
-fn write_program(
-    files: &[(String, Vec<u8>)],
-    report_fifo: bool,
-) -> Result<Option<OwnedFd>, Failure> {
+fn write_program(files: &[(String, Vec<u8>)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
     let step = "write the program";
     let dir = stage_path(PROGRAM_DIR);
-    let bytes: usize = files
-        .iter()
-        .map(|(_, c)| c.len().div_ceil(4096) * 4096)
-        .sum::<usize>()
-        + 64 * 1024;
+    let bytes: usize = files.iter().map(|(_, c)| c.len().div_ceil(4096) * 4096).sum::<usize>() + 64 * 1024;
     let options = format!("size={bytes},nr_inodes=16,mode=0755");
-    mount_fs(
-        "tmpfs",
-        &dir,
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        &options,
-    )
-    .map_err(|e| Failure::new(step, "mount", &e.into()))?;
+    mount_fs("tmpfs", &dir, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, &options)
+        .map_err(|e| Failure::new(step, "mount", &e.into()))?;
     for (name, content) in files {
         if name.contains('/') || name.starts_with('.') {
-            return Err(Failure::plain(
-                step,
-                format!("bad program file name {name:?}"),
-            ));
+            return Err(Failure::plain(step, format!("bad program file name {name:?}")));
         }
         let path = dir.join(name);
         fs::write(&path, content)
@@ -483,22 +335,12 @@ fn write_program(
     }
     let report = if report_fifo {
         let path = dir.join(REPORT_FILE);
-        rustix::fs::mknodat(
-            CWD,
-            &path,
-            rustix::fs::FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .map_err(|e| Failure::new(step, "report FIFO", &e.into()))?;
+        rustix::fs::mknodat(CWD, &path, rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0)
+            .map_err(|e| Failure::new(step, "report FIFO", &e.into()))?;
         // Open for reading and writing, so the supervisor never sees an early
         // end of file before the driver opens it, and never blocks on it.
-        let fd = rustix::fs::open(
-            &path,
-            OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| Failure::new(step, "open the report FIFO", &e.into()))?;
+        let fd = rustix::fs::open(&path, OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| Failure::new(step, "open the report FIFO", &e.into()))?;
         Some(fd)
     } else {
         None
@@ -519,9 +361,7 @@ pub fn pivot_into_stage() -> Result<(), Failure> {
     rustix::process::chdir(STAGE).map_err(|e| Failure::new(step, "chdir", &e.into()))?;
     // pivot_root(".", ".") stacks the old root on top of the new one; the
     // unmount below then detaches it (no directory for it needed).
-    rustix::process::pivot_root(".", ".")
-        .map_err(|e| Failure::new(step, "pivot_root", &e.into()))?;
-    unmount(".", UnmountFlags::DETACH)
-        .map_err(|e| Failure::new(step, "detach the old root", &e.into()))?;
+    rustix::process::pivot_root(".", ".").map_err(|e| Failure::new(step, "pivot_root", &e.into()))?;
+    unmount(".", UnmountFlags::DETACH).map_err(|e| Failure::new(step, "detach the old root", &e.into()))?;
     rustix::process::chdir("/").map_err(|e| Failure::new(step, "chdir /", &e.into()))
 }

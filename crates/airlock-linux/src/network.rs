@@ -21,13 +21,8 @@ pub fn loopback_up() -> Result<(), Failure> {
 /// Child side: listens on [`PROXY_ADDR`] inside the sandbox's namespace.
 pub fn listen_proxy() -> Result<OwnedFd, Failure> {
     let step = "listen for the proxy";
-    let fd = socket_with(
-        AddressFamily::INET,
-        SocketType::STREAM,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(|e| Failure::new(step, "socket", &e.into()))?;
+    let fd = socket_with(AddressFamily::INET, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+        .map_err(|e| Failure::new(step, "socket", &e.into()))?;
     bind(&fd, &PROXY_ADDR).map_err(|e| Failure::new(step, PROXY_ADDR.to_string(), &e.into()))?;
     listen(&fd, 128).map_err(|e| Failure::new(step, "listen", &e.into()))?;
     Ok(fd)

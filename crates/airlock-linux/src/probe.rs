@@ -33,15 +33,10 @@ pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
             missing.insert(Layer::UserNamespace, why);
         }
     }
-    if fs::read_to_string("/proc/self/status")
-        .is_ok_and(|s| s.lines().any(|l| l.starts_with("Seccomp:")))
-    {
+    if fs::read_to_string("/proc/self/status").is_ok_and(|s| s.lines().any(|l| l.starts_with("Seccomp:"))) {
         available.extend([Layer::Seccomp, Layer::NoNewPrivs]);
     } else {
-        missing.insert(
-            Layer::Seccomp,
-            "this kernel was built without seccomp (CONFIG_SECCOMP_FILTER)".to_owned(),
-        );
+        missing.insert(Layer::Seccomp, "this kernel was built without seccomp (CONFIG_SECCOMP_FILTER)".to_owned());
     }
     available.insert(Layer::Rlimits);
     match sys::landlock_abi() {
@@ -66,31 +61,19 @@ pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
             missing.insert(Layer::Cgroups, why.clone());
         }
     }
-    Probe {
-        backend: BackendKind::Linux,
-        host: host_facts(),
-        available,
-        missing,
-        details,
-    }
+    Probe { backend: BackendKind::Linux, host: host_facts(), available, missing, details }
 }
 
 fn user_namespaces() -> Result<(), String> {
-    let read = |path: &str| {
-        fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-    };
+    let read = |path: &str| fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i64>().ok());
     if read("/proc/sys/user/max_user_namespaces") == Some(0) {
+        return Err("user namespaces are disabled (sysctl user.max_user_namespaces=0); set it above 0".to_owned());
+    }
+    if !rustix::process::geteuid().is_root() && read("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
         return Err(
-            "user namespaces are disabled (sysctl user.max_user_namespaces=0); set it above 0"
+            "unprivileged user namespaces are disabled; set sysctl kernel.unprivileged_userns_clone=1 or run as root"
                 .to_owned(),
         );
-    }
-    if !rustix::process::geteuid().is_root()
-        && read("/proc/sys/kernel/unprivileged_userns_clone") == Some(0)
-    {
-        return Err("unprivileged user namespaces are disabled; set sysctl kernel.unprivileged_userns_clone=1 or run as root".to_owned());
     }
     Ok(())
 }
@@ -103,15 +86,9 @@ pub fn host_facts() -> HostFacts {
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap_or(0);
-    let read = |path: &str, default: u32| {
-        fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(default)
-    };
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1);
+    let read =
+        |path: &str, default: u32| fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default);
+    let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
     HostFacts {
         memory_bytes: memory_kib * 1024,
         cpus,

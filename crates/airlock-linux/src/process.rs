@@ -14,20 +14,12 @@ use crate::sys::{self, Forked};
 /// Child side: die with the parent. `expected_parent` guards the race in
 /// which the parent died before the request was registered.
 pub fn die_with_parent(expected_parent: Option<i32>) -> Result<(), Failure> {
-    set_parent_process_death_signal(Some(Signal::KILL)).map_err(|e| {
-        Failure::new(
-            "die with the supervisor",
-            "prctl(PR_SET_PDEATHSIG)",
-            &e.into(),
-        )
-    })?;
+    set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(|e| Failure::new("die with the supervisor", "prctl(PR_SET_PDEATHSIG)", &e.into()))?;
     if let Some(expected) = expected_parent {
         let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
         if parent != Some(expected) {
-            return Err(Failure::plain(
-                "die with the supervisor",
-                "the supervisor is already gone",
-            ));
+            return Err(Failure::plain("die with the supervisor", "the supervisor is already gone"));
         }
     }
     Ok(())
@@ -50,9 +42,7 @@ pub struct Exec {
 impl Exec {
     pub fn new(argv: &[String], env: &[String], cwd: &str) -> Result<Exec, Failure> {
         let c = |s: &str| {
-            CString::new(s).map_err(|_| {
-                Failure::plain("prepare the command", format!("{s:?} contains a NUL byte"))
-            })
+            CString::new(s).map_err(|_| Failure::plain("prepare the command", format!("{s:?} contains a NUL byte")))
         };
         if argv.is_empty() {
             return Err(Failure::plain("prepare the command", "empty argv"));
@@ -69,14 +59,10 @@ impl Exec {
 /// leader with no terminal, gets `stdio` as 0, 1, 2 and nothing else, installs
 /// the seccomp filter last, and execs. Returns the code's pid once exec has
 /// succeeded.
-pub fn spawn_code(
-    exec: &Exec,
-    stdio: [OwnedFd; 3],
-    seccomp: &[Instruction],
-) -> Result<i32, Failure> {
+pub fn spawn_code(exec: &Exec, stdio: [OwnedFd; 3], seccomp: &[Instruction]) -> Result<i32, Failure> {
     let step = "start the code";
-    let (error_read, error_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| Failure::new(step, "pipe", &e.into()))?;
+    let (error_read, error_write) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| Failure::new(step, "pipe", &e.into()))?;
     // SAFETY: the sandbox's init is single-threaded (a fresh exec that starts
     // no threads), so the child may run any code.
     match unsafe { sys::fork() }.map_err(|e| Failure::new(step, "fork", &e))? {
@@ -93,22 +79,14 @@ pub fn spawn_code(
             if message.is_empty() {
                 Ok(pid)
             } else {
-                Err(Failure::plain(
-                    "execute the code",
-                    format!("{}: {message}", exec.argv[0].to_string_lossy()),
-                ))
+                Err(Failure::plain("execute the code", format!("{}: {message}", exec.argv[0].to_string_lossy())))
             }
         }
     }
 }
 
 /// In the forked child: returns only on failure.
-fn exec_code(
-    exec: &Exec,
-    stdio: [OwnedFd; 3],
-    error_pipe: &OwnedFd,
-    seccomp: &[Instruction],
-) -> String {
+fn exec_code(exec: &Exec, stdio: [OwnedFd; 3], error_pipe: &OwnedFd, seccomp: &[Instruction]) -> String {
     if let Err(e) = rustix::process::setsid() {
         return format!("setsid: {e}");
     }

@@ -12,8 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use airlock_policy::Layer;
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -45,6 +44,8 @@ pub struct SetupPlan {
     pub tmpfs_inodes: u64,
     /// Entries to create in the sandbox's root, in order.
     pub layout: Vec<LayoutEntry>,
+    /// Host trees bound read-only into the root.
+    pub binds: Vec<Bind>,
 }
 
 /// One entry of the root's layout.
@@ -83,9 +84,6 @@ pub struct LandlockPlan {
 pub struct RunPlan {
     pub supervisor_pid: i32,
     pub hostname: String,
-    pub binds: Vec<Bind>,
-    /// Device names under /dev bound from the host's.
-    pub devices: Vec<String>,
     pub program_files: Vec<(String, Vec<u8>)>,
     /// Whether to make the report FIFO and hand it to the supervisor.
     pub report_fifo: bool,
@@ -154,40 +152,23 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(step: &str, detail: impl Into<String>, error: &io::Error) -> Failure {
-        Failure {
-            step: step.to_owned(),
-            errno: error.raw_os_error(),
-            detail: detail.into(),
-        }
+        Failure { step: step.to_owned(), errno: error.raw_os_error(), detail: detail.into() }
     }
 
     pub fn plain(step: &str, detail: impl Into<String>) -> Failure {
-        Failure {
-            step: step.to_owned(),
-            errno: None,
-            detail: detail.into(),
-        }
+        Failure { step: step.to_owned(), errno: None, detail: detail.into() }
     }
 }
 
 /// Sends a small message with descriptors.
-pub fn send<T: Serialize>(
-    socket: BorrowedFd<'_>,
-    message: &T,
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<()> {
+pub fn send<T: Serialize>(socket: BorrowedFd<'_>, message: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let body = serde_json::to_vec(message).map_err(io::Error::other)?;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::other("too many descriptors for one message"));
     }
-    rustix::net::sendmsg(
-        socket,
-        &[IoSlice::new(&body)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
+    rustix::net::sendmsg(socket, &[IoSlice::new(&body)], &mut control, SendFlags::NOSIGNAL)?;
     Ok(())
 }
 
@@ -196,12 +177,7 @@ pub fn recv<T: DeserializeOwned>(socket: BorrowedFd<'_>) -> io::Result<Option<(T
     let mut buf = vec![0u8; MAX_MESSAGE];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = rustix::net::recvmsg(
-        socket,
-        &mut [IoSliceMut::new(&mut buf)],
-        &mut control,
-        RecvFlags::CMSG_CLOEXEC,
-    )?;
+    let got = rustix::net::recvmsg(socket, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::CMSG_CLOEXEC)?;
     let mut fds = Vec::new();
     for message in control.drain() {
         if let RecvAncillaryMessage::ScmRights(received) = message {
@@ -219,11 +195,7 @@ pub fn recv<T: DeserializeOwned>(socket: BorrowedFd<'_>) -> io::Result<Option<(T
 }
 
 /// Sends a request whose body travels in a memfd.
-pub fn send_request(
-    socket: BorrowedFd<'_>,
-    request: &Request,
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<()> {
+pub fn send_request(socket: BorrowedFd<'_>, request: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let body = serde_json::to_vec(request).map_err(io::Error::other)?;
     let memfd = rustix::fs::memfd_create("airlock-plan", rustix::fs::MemfdFlags::CLOEXEC)?;
     let mut file = std::fs::File::from(memfd);
@@ -236,8 +208,7 @@ pub fn send_request(
 
 /// Receives the request and its descriptors (the body's memfd removed).
 pub fn recv_request(socket: BorrowedFd<'_>) -> io::Result<(Request, Vec<OwnedFd>)> {
-    let (_, mut fds) =
-        recv::<String>(socket)?.ok_or_else(|| io::Error::other("the supervisor hung up"))?;
+    let (_, mut fds) = recv::<String>(socket)?.ok_or_else(|| io::Error::other("the supervisor hung up"))?;
     if fds.is_empty() {
         return Err(io::Error::other("the request came without its body"));
     }

@@ -90,12 +90,7 @@ pub fn run(
 ) -> io::Result<Observed> {
     let (wants_report, wants_proxy) = (plan.report_fifo, plan.proxy_listener);
     let request = Request::Run(Box::new(plan));
-    let (ours, theirs) = socketpair(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
+    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     let (stdout_read, stdout_write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
     let (stderr_read, stderr_write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
     // stdin: the caller's bytes through a pipe, or /dev/null.
@@ -120,12 +115,7 @@ pub fn run(
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("starting the helper {}: {e}", helper.display()),
-            )
-        })?;
+        .map_err(|e| io::Error::new(e.kind(), format!("starting the helper {}: {e}", helper.display())))?;
     let helper_pid = child.id();
     let mut observed = Observed::default();
 
@@ -135,19 +125,12 @@ pub fn run(
         if let Some(cgroup) = cgroup {
             cgroup.attach(helper_pid)?;
         }
-        let pid =
-            Pid::from_raw(helper_pid as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
+        let pid = Pid::from_raw(helper_pid as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
         let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
         protocol::send_request(
             ours.as_fd(),
             &request,
-            &[
-                sandbox.user_ns,
-                sandbox.mount_ns,
-                stdin_read.as_fd(),
-                stdout_write.as_fd(),
-                stderr_write.as_fd(),
-            ],
+            &[sandbox.user_ns, sandbox.mount_ns, stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()],
         )?;
         Ok(pidfd)
     })();
@@ -218,16 +201,11 @@ pub fn run(
                 }
             }
         }
-        let wall_deadline = ready_at
-            .map(|r| r + watch.wall_time)
-            .unwrap_or(spawned_at + SETUP_TIMEOUT);
+        let wall_deadline = ready_at.map(|r| r + watch.wall_time).unwrap_or(spawned_at + SETUP_TIMEOUT);
         let wake = next_check.min(wall_deadline);
         let timeout = wake.saturating_duration_since(Instant::now());
 
-        let mut fds = vec![
-            PollFd::new(&ours, PollFlags::IN),
-            PollFd::new(&helper_pidfd, PollFlags::IN),
-        ];
+        let mut fds = vec![PollFd::new(&ours, PollFlags::IN), PollFd::new(&helper_pidfd, PollFlags::IN)];
         let stdout_slot = stdout_open.then(|| {
             fds.push(PollFd::new(&stdout_read, PollFlags::IN));
             fds.len() - 1
@@ -244,12 +222,8 @@ pub fn run(
             fds.push(PollFd::new(r, PollFlags::IN));
             fds.len() - 1
         });
-        let ts = rustix::time::Timespec::try_from(timeout.max(Duration::from_millis(1))).unwrap_or(
-            rustix::time::Timespec {
-                tv_sec: 1,
-                tv_nsec: 0,
-            },
-        );
+        let ts = rustix::time::Timespec::try_from(timeout.max(Duration::from_millis(1)))
+            .unwrap_or(rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 });
         match poll(&mut fds, Some(&ts)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e.into()),
@@ -257,12 +231,8 @@ pub fn run(
         let ready = |slot: Option<usize>| slot.is_some_and(|i| !fds[i].revents().is_empty());
         let socket_ready = !fds[0].revents().is_empty();
         helper_done = !fds[1].revents().is_empty();
-        let (out_ready, err_ready, in_ready, rep_ready) = (
-            ready(stdout_slot),
-            ready(stderr_slot),
-            ready(stdin_slot),
-            ready(report_slot),
-        );
+        let (out_ready, err_ready, in_ready, rep_ready) =
+            (ready(stdout_slot), ready(stderr_slot), ready(stdin_slot), ready(report_slot));
         drop(fds);
 
         if out_ready {
@@ -271,9 +241,7 @@ pub fn run(
         if err_ready {
             stderr_open = drain(&stderr_read, &mut stderr);
         }
-        if (stdout.is_over() || stderr.is_over())
-            && watch.output_overflow == OutputOverflow::Kill
-            && ended_at.is_none()
+        if (stdout.is_over() || stderr.is_over()) && watch.output_overflow == OutputOverflow::Kill && ended_at.is_none()
         {
             kill(&mut observed, KillReason::Output, &init_pidfd);
         }
@@ -299,10 +267,7 @@ pub fn run(
             while let Some((reply, mut fds)) = recv_nonblocking(ours.as_fd()) {
                 match reply {
                     Reply::Started { .. } => init_pidfd = fds.pop(),
-                    Reply::Ready {
-                        layers,
-                        landlock_abi,
-                    } => {
+                    Reply::Ready { layers, landlock_abi } => {
                         ready_at = Some(Instant::now());
                         observed.layers = layers;
                         observed.landlock_abi = landlock_abi;
@@ -361,15 +326,11 @@ pub fn run(
         }
     }
     if ready_at.is_none() && observed.failure.is_none() && observed.killed.is_none() {
-        observed.failure = Some(Failure::plain(
-            "start the sandbox",
-            "the helper exited without setting up the sandbox",
-        ));
+        observed.failure =
+            Some(Failure::plain("start the sandbox", "the helper exited without setting up the sandbox"));
     }
     let end = ended_at.unwrap_or_else(Instant::now);
-    observed.wall = ready_at
-        .map(|r| end.saturating_duration_since(r))
-        .unwrap_or_default();
+    observed.wall = ready_at.map(|r| end.saturating_duration_since(r)).unwrap_or_default();
     if stdout.is_over() || stderr.is_over() {
         observed.limits_hit.push(Limit::Output);
     }
@@ -414,14 +375,9 @@ fn read_report(fd: &OwnedFd, observed: &mut Observed, cap: usize) {
 
 fn recv_nonblocking(socket: BorrowedFd<'_>) -> Option<(Reply, Vec<OwnedFd>)> {
     let mut fds = [PollFd::new(&socket, PollFlags::IN)];
-    let zero = rustix::time::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
     match poll(&mut fds, Some(&zero)) {
-        Ok(n) if n > 0 && fds[0].revents().contains(PollFlags::IN) => {
-            protocol::recv(socket).ok().flatten()
-        }
+        Ok(n) if n > 0 && fds[0].revents().contains(PollFlags::IN) => protocol::recv(socket).ok().flatten(),
         _ => None,
     }
 }

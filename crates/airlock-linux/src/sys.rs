@@ -8,11 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use crate::seccomp::Instruction;
 
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
 }
 
 /// Which side of a fork-like call this process is on.
@@ -53,23 +49,14 @@ pub unsafe fn clone_with_namespaces(flags: u64) -> io::Result<Forked> {
     // outlives the call. With no stack given, the child runs on a copy of
     // this stack, exactly as after fork(); the caller guarantees we are
     // single-threaded (see the function's safety section).
-    let ret = check(unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &raw mut args,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    })?;
+    let ret = check(unsafe { libc::syscall(libc::SYS_clone3, &raw mut args, std::mem::size_of::<CloneArgs>()) })?;
     if ret == 0 {
         return Ok(Forked::Child);
     }
     // SAFETY: with CLONE_PIDFD the kernel stored a new descriptor that this
     // process now owns and nothing else refers to.
     let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-    Ok(Forked::Parent {
-        pid: ret as i32,
-        pidfd,
-    })
+    Ok(Forked::Parent { pid: ret as i32, pidfd })
 }
 
 /// `fork()`.
@@ -95,23 +82,13 @@ pub fn install_seccomp(program: &[Instruction]) -> io::Result<()> {
     }
     let len = libc::c_ushort::try_from(program.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
-    let prog = SockFprog {
-        len,
-        filter: program.as_ptr(),
-    };
+    let prog = SockFprog { len, filter: program.as_ptr() };
     const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
     // SAFETY: `prog` points at `program`, whose `Instruction` has the layout
     // of `struct sock_filter` (repr(C): u16, u8, u8, u32); the kernel copies
     // the filter during the call, so nothing needs to outlive it.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            SECCOMP_SET_MODE_FILTER,
-            0 as libc::c_ulong,
-            &raw const prog,
-        )
-    })
-    .map(drop)
+    check(unsafe { libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0 as libc::c_ulong, &raw const prog) })
+        .map(drop)
 }
 
 /// Flags for [`mount_setattr`].
@@ -131,12 +108,7 @@ pub fn mount_setattr_recursive(fd: BorrowedFd<'_>, set: u64) -> io::Result<()> {
         userns_fd: u64,
     }
     const AT_RECURSIVE: libc::c_uint = 0x8000;
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
     // SAFETY: `attr` is a valid mount_attr of the size passed; the empty
     // path is a NUL-terminated static string; `fd` is borrowed for the call.
     check(unsafe {
@@ -158,15 +130,7 @@ pub fn close_from_except(first: RawFd, keep: RawFd) -> io::Result<()> {
         // SAFETY: closing descriptors of this process. Callers call this only
         // where no live Rust object (OwnedFd, File) refers to the closed
         // range: right after start-up, or right before exec.
-        check(unsafe {
-            libc::syscall(
-                libc::SYS_close_range,
-                from as libc::c_uint,
-                to,
-                0 as libc::c_uint,
-            )
-        })
-        .map(drop)
+        check(unsafe { libc::syscall(libc::SYS_close_range, from as libc::c_uint, to, 0 as libc::c_uint) }).map(drop)
     };
     if keep > first {
         close(first, (keep - 1) as libc::c_uint)?;
@@ -176,16 +140,10 @@ pub fn close_from_except(first: RawFd, keep: RawFd) -> io::Result<()> {
 
 /// `execve`; returns only on failure.
 pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
-    let argv_ptrs: Vec<*const libc::c_char> = argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp_ptrs: Vec<*const libc::c_char> = envp
-        .iter()
-        .map(|e| e.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
+    let argv_ptrs: Vec<*const libc::c_char> =
+        argv.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let envp_ptrs: Vec<*const libc::c_char> =
+        envp.iter().map(|e| e.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
     // SAFETY: both arrays are NULL-terminated and point at NUL-terminated
     // strings that `argv` and `envp` keep alive for the call.
     unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
@@ -194,11 +152,7 @@ pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
 
 /// Brings the loopback interface up in this network namespace.
 pub fn loopback_up() -> io::Result<()> {
-    let sock = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::DGRAM,
-        None,
-    )?;
+    let sock = rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::DGRAM, None)?;
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
@@ -209,8 +163,7 @@ pub fn loopback_up() -> io::Result<()> {
     // SAFETY: reading the flags union member SIOCGIFFLAGS just filled.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: SIOCSIFFLAGS reads `req`, a valid ifreq.
-    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &raw const req) }.into())
-        .map(drop)
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &raw const req) }.into()).map(drop)
 }
 
 /// The Landlock ABI version of the running kernel, or `None` without Landlock.
@@ -246,7 +199,6 @@ pub fn wait4_cpu_time(pid: i32) -> io::Result<std::time::Duration> {
             return Err(error);
         }
     }
-    let time =
-        |tv: libc::timeval| std::time::Duration::new(tv.tv_sec as u64, (tv.tv_usec as u32) * 1000);
+    let time = |tv: libc::timeval| std::time::Duration::new(tv.tv_sec as u64, (tv.tv_usec as u32) * 1000);
     Ok(time(usage.ru_utime) + time(usage.ru_stime))
 }

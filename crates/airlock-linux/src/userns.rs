@@ -28,8 +28,7 @@ pub fn enter_new() -> Result<(), Failure> {
     })?;
     // setgroups must be denied before an unprivileged process may map its group.
     let write = |file: &str, content: String| {
-        fs::write(format!("/proc/self/{file}"), &content)
-            .map_err(|e| Failure::new(step, format!("write {file}"), &e))
+        fs::write(format!("/proc/self/{file}"), &content).map_err(|e| Failure::new(step, format!("write {file}"), &e))
     };
     write("setgroups", "deny".into())?;
     write("uid_map", format!("{SANDBOX_UID} {uid} 1"))?;
@@ -51,8 +50,7 @@ pub fn join(user: &OwnedFd, mnt: &OwnedFd) -> Result<(), Failure> {
 /// ordinary user cannot, and keeps only groups it already had.
 pub fn drop_supplementary_groups() -> Result<(), Failure> {
     if rustix::process::geteuid().is_root() {
-        rustix::thread::set_thread_groups(&[])
-            .map_err(|e| Failure::new("drop supplementary groups", "", &e.into()))?;
+        rustix::thread::set_thread_groups(&[]).map_err(|e| Failure::new("drop supplementary groups", "", &e.into()))?;
     }
     Ok(())
 }
@@ -60,10 +58,6 @@ pub fn drop_supplementary_groups() -> Result<(), Failure> {
 /// Opens a namespace of this process for the supervisor to keep.
 pub fn open_own(kind: &str) -> Result<OwnedFd, Failure> {
     let path = format!("/proc/self/ns/{kind}");
-    rustix::fs::open(
-        &path,
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| Failure::new("open the sandbox's namespaces", path, &e.into()))
+    rustix::fs::open(&path, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| Failure::new("open the sandbox's namespaces", path, &e.into()))
 }

@@ -33,13 +33,9 @@ pub enum HostRuleError {
     Empty,
     #[error("port {0:?} is not a number from 1 to 65535")]
     BadPort(String),
-    #[error(
-        "{0:?} is not a valid host name: use letters, digits, '-' and '.', at most 253 characters"
-    )]
+    #[error("{0:?} is not a valid host name: use letters, digits, '-' and '.', at most 253 characters")]
     BadName(String),
-    #[error(
-        "a wildcard may only be a leading '*.' followed by a domain with at least two labels, as in *.example.org"
-    )]
+    #[error("a wildcard may only be a leading '*.' followed by a domain with at least two labels, as in *.example.org")]
     BadWildcard,
     #[error("a URL is not a host; write only the host and port, e.g. example.com:443")]
     LooksLikeUrl,
@@ -58,10 +54,7 @@ impl HostRule {
         }
         // A bare IPv6 literal has colons but no port.
         if let Ok(ip) = entry.parse::<Ipv6Addr>() {
-            return Ok(HostRule {
-                host: HostPattern::Ip(IpAddr::V6(ip)),
-                ports: DEFAULT_PORTS.to_vec(),
-            });
+            return Ok(HostRule { host: HostPattern::Ip(IpAddr::V6(ip)), ports: DEFAULT_PORTS.to_vec() });
         }
         let (host, port) = split_port(entry)?;
         let ports = match port {
@@ -69,37 +62,23 @@ impl HostRule {
             None => DEFAULT_PORTS.to_vec(),
         };
         if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-            let ip = inner
-                .parse::<Ipv6Addr>()
-                .map_err(|_| HostRuleError::BadName(host.to_owned()))?;
-            return Ok(HostRule {
-                host: HostPattern::Ip(IpAddr::V6(ip)),
-                ports,
-            });
+            let ip = inner.parse::<Ipv6Addr>().map_err(|_| HostRuleError::BadName(host.to_owned()))?;
+            return Ok(HostRule { host: HostPattern::Ip(IpAddr::V6(ip)), ports });
         }
         if let Ok(ip) = host.parse::<IpAddr>() {
-            return Ok(HostRule {
-                host: HostPattern::Ip(ip),
-                ports,
-            });
+            return Ok(HostRule { host: HostPattern::Ip(ip), ports });
         }
         if let Some(domain) = host.strip_prefix("*.") {
             let domain = normalize_name(domain)?;
             if domain.split('.').count() < 2 {
                 return Err(HostRuleError::BadWildcard);
             }
-            return Ok(HostRule {
-                host: HostPattern::Subdomains(domain),
-                ports,
-            });
+            return Ok(HostRule { host: HostPattern::Subdomains(domain), ports });
         }
         if host.contains('*') {
             return Err(HostRuleError::BadWildcard);
         }
-        Ok(HostRule {
-            host: HostPattern::Name(normalize_name(host)?),
-            ports,
-        })
+        Ok(HostRule { host: HostPattern::Name(normalize_name(host)?), ports })
     }
 
     /// Whether this rule allows `port` on the DNS name `name` (already
@@ -108,17 +87,16 @@ impl HostRule {
         self.ports.contains(&port)
             && match &self.host {
                 HostPattern::Name(n) => n == name,
-                HostPattern::Subdomains(domain) => name
-                    .strip_suffix(domain.as_str())
-                    .is_some_and(|prefix| prefix.len() > 1 && prefix.ends_with('.')),
+                HostPattern::Subdomains(domain) => {
+                    name.strip_suffix(domain.as_str()).is_some_and(|prefix| prefix.len() > 1 && prefix.ends_with('.'))
+                }
                 HostPattern::Ip(_) => false,
             }
     }
 
     /// Whether this rule allows `port` on the IP literal `ip`.
     pub fn allows_ip(&self, ip: IpAddr, port: u16) -> bool {
-        self.ports.contains(&port)
-            && matches!(&self.host, HostPattern::Ip(allowed) if *allowed == ip)
+        self.ports.contains(&port) && matches!(&self.host, HostPattern::Ip(allowed) if *allowed == ip)
     }
 }
 
@@ -143,9 +121,7 @@ impl fmt::Display for HostRule {
 fn split_port(entry: &str) -> Result<(&str, Option<u16>), HostRuleError> {
     // `[v6]:port` or `host:port`; a bracketed literal without a port has no colon after ']'.
     let colon = if entry.starts_with('[') {
-        entry
-            .find(']')
-            .and_then(|end| entry[end..].find(':').map(|c| end + c))
+        entry.find(']').and_then(|end| entry[end..].find(':').map(|c| end + c))
     } else {
         entry.rfind(':')
     };
@@ -173,15 +149,9 @@ pub fn normalize_name(name: &str) -> Result<String, HostRuleError> {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         });
-    if valid {
-        Ok(lower)
-    } else {
-        Err(HostRuleError::BadName(name.to_owned()))
-    }
+    if valid { Ok(lower) } else { Err(HostRuleError::BadName(name.to_owned())) }
 }
 
 #[cfg(test)]
@@ -207,18 +177,9 @@ mod tests {
 
     #[test]
     fn refuses_bad_rules() {
-        for bad in [
-            "",
-            "http://x.com",
-            "x.com:0",
-            "x.com:99999",
-            "*",
-            "*.com",
-            "a*.b.com",
-            "a..b",
-            "-a.com",
-            "x.com:port",
-        ] {
+        for bad in
+            ["", "http://x.com", "x.com:0", "x.com:99999", "*", "*.com", "a*.b.com", "a..b", "-a.com", "x.com:port"]
+        {
             assert!(HostRule::parse(bad).is_err(), "{bad:?} should be refused");
         }
     }
@@ -235,13 +196,7 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for text in [
-            "example.com",
-            "*.example.org:8443",
-            "127.0.0.1:80",
-            "[::1]:9000",
-            "[::1]",
-        ] {
+        for text in ["example.com", "*.example.org:8443", "127.0.0.1:80", "[::1]:9000", "[::1]"] {
             let rule = HostRule::parse(text).unwrap();
             assert_eq!(HostRule::parse(&rule.to_string()).unwrap(), rule, "{text}");
         }

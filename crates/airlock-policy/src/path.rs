@@ -29,9 +29,7 @@ pub struct SandboxPath {
 pub enum SandboxPathError {
     #[error("the path is empty; name a file such as /work/data.csv")]
     Empty,
-    #[error(
-        "{0:?} is outside /work; files go in and come out only under /work, e.g. /work/data.csv"
-    )]
+    #[error("{0:?} is outside /work; files go in and come out only under /work, e.g. /work/data.csv")]
     OutsideWork(String),
     #[error("{0:?} contains '..'; name the file directly under /work")]
     ParentComponent(String),
@@ -76,9 +74,7 @@ impl SandboxPath {
         if parts.is_empty() {
             return Err(SandboxPathError::WorkItself(text.to_owned()));
         }
-        Ok(SandboxPath {
-            relative: parts.join("/"),
-        })
+        Ok(SandboxPath { relative: parts.join("/") })
     }
 
     /// The path below /work, e.g. `a/b.csv`.
@@ -124,15 +120,9 @@ mod tests {
 
     #[test]
     fn accepts_paths_under_work() {
-        assert_eq!(
-            SandboxPath::parse("/work/a.csv").unwrap().relative(),
-            "a.csv"
-        );
+        assert_eq!(SandboxPath::parse("/work/a.csv").unwrap().relative(), "a.csv");
         assert_eq!(SandboxPath::parse("a/b.csv").unwrap().relative(), "a/b.csv");
-        assert_eq!(
-            SandboxPath::parse("/work//a/./b").unwrap().to_string(),
-            "/work/a/b"
-        );
+        assert_eq!(SandboxPath::parse("/work//a/./b").unwrap().to_string(), "/work/a/b");
         let p = SandboxPath::parse("/work/x/y/z.txt").unwrap();
         assert_eq!(p.parents().collect::<Vec<_>>(), vec!["x", "y"]);
         assert_eq!(p.file_name(), "z.txt");
@@ -152,10 +142,7 @@ mod tests {
             "a\0b",
             "/",
         ] {
-            assert!(
-                SandboxPath::parse(bad).is_err(),
-                "{bad:?} should be refused"
-            );
+            assert!(SandboxPath::parse(bad).is_err(), "{bad:?} should be refused");
         }
     }
 }

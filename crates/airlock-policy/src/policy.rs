@@ -108,10 +108,7 @@ impl Layer {
 
     /// Parses a layer name as written in records and flags.
     pub fn parse(name: &str) -> Option<Layer> {
-        ALL_LAYERS
-            .iter()
-            .copied()
-            .find(|layer| layer.name() == name)
+        ALL_LAYERS.iter().copied().find(|layer| layer.name() == name)
     }
 }
 
@@ -259,71 +256,39 @@ pub struct HostFacts {
 /// A policy value that cannot be used, naming the field and the fix.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PolicyError {
-    #[error(
-        "{field} must be a finite number of seconds greater than 0 (got {value}); pass e.g. {field}=20"
-    )]
+    #[error("{field} must be a finite number of seconds greater than 0 (got {value}); pass e.g. {field}=20")]
     BadDuration { field: &'static str, value: f64 },
     #[error("{field} is {value} s, above the most allowed ({max} s); ask for less time")]
-    DurationTooLong {
-        field: &'static str,
-        value: f64,
-        max: u64,
-    },
+    DurationTooLong { field: &'static str, value: f64, max: u64 },
     #[error("{field} is {value}, below the smallest usable value {min}; {hint}")]
-    TooSmall {
-        field: &'static str,
-        value: u64,
-        min: u64,
-        hint: &'static str,
-    },
+    TooSmall { field: &'static str, value: u64, min: u64, hint: &'static str },
     #[error("{field} is {value}, above what this host has ({max}); ask for at most {max}")]
-    AboveHost {
-        field: &'static str,
-        value: u64,
-        max: u64,
-    },
-    #[error(
-        "cpus must be a finite number greater than 0 and at most the host's {max} (got {value})"
-    )]
+    AboveHost { field: &'static str, value: u64, max: u64 },
+    #[error("cpus must be a finite number greater than 0 and at most the host's {max} (got {value})")]
     BadCpus { value: f64, max: u32 },
-    #[error(
-        "env key {key:?} is not a valid variable name: use letters, digits and '_', not starting with a digit"
-    )]
+    #[error("env key {key:?} is not a valid variable name: use letters, digits and '_', not starting with a digit")]
     BadEnvKey { key: String },
     #[error("env value for {key:?} contains a NUL byte, which no process can receive")]
     BadEnvValue { key: String },
     #[error("allow_hosts entry {entry:?}: {source}")]
-    BadHostRule {
-        entry: String,
-        source: HostRuleError,
-    },
+    BadHostRule { entry: String, source: HostRuleError },
     #[error(
         "allow_degraded names {name:?}, which is not a layer; the layers that may be lowered are: {}",
         degradable_names()
     )]
     UnknownLayer { name: String },
-    #[error(
-        "allow_degraded names {layer}, which cannot be lowered; only {} can",
-        degradable_names()
-    )]
+    #[error("allow_degraded names {layer}, which cannot be lowered; only {} can", degradable_names())]
     LayerNotDegradable { layer: Layer },
     #[error("backend {name:?} is unknown; use \"linux\" or \"wasm\"")]
     UnknownBackend { name: String },
     #[error("{field} must be at least 1 when network hosts are allowed")]
     ZeroNetworkCap { field: &'static str },
     #[error("{field}: {message}")]
-    Invalid {
-        field: &'static str,
-        message: String,
-    },
+    Invalid { field: &'static str, message: String },
 }
 
 fn degradable_names() -> String {
-    Layer::DEGRADABLE
-        .iter()
-        .map(|l| l.name())
-        .collect::<Vec<_>>()
-        .join(", ")
+    Layer::DEGRADABLE.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
 }
 
 impl Policy {
@@ -379,10 +344,7 @@ impl Policy {
             policy.network.allow = hosts
                 .iter()
                 .map(|entry| {
-                    HostRule::parse(entry).map_err(|source| PolicyError::BadHostRule {
-                        entry: entry.clone(),
-                        source,
-                    })
+                    HostRule::parse(entry).map_err(|source| PolicyError::BadHostRule { entry: entry.clone(), source })
                 })
                 .collect::<Result<_, _>>()?;
         }
@@ -400,9 +362,7 @@ impl Policy {
                 "linux" => BackendKind::Linux,
                 "wasm" => BackendKind::Wasm,
                 other => {
-                    return Err(PolicyError::UnknownBackend {
-                        name: other.to_owned(),
-                    });
+                    return Err(PolicyError::UnknownBackend { name: other.to_owned() });
                 }
             };
         }
@@ -410,8 +370,7 @@ impl Policy {
             policy.allow_degraded = layers
                 .iter()
                 .map(|name| {
-                    let layer = Layer::parse(name)
-                        .ok_or_else(|| PolicyError::UnknownLayer { name: name.clone() })?;
+                    let layer = Layer::parse(name).ok_or_else(|| PolicyError::UnknownLayer { name: name.clone() })?;
                     if Layer::DEGRADABLE.contains(&layer) {
                         Ok(layer)
                     } else {
@@ -430,35 +389,17 @@ impl Policy {
         let l = &self.limits;
         check_duration("timeout_s", l.wall_time)?;
         check_duration("cpu_time_s", l.cpu_time)?;
-        at_least(
-            "memory_mb",
-            l.memory_bytes / MIB,
-            MIN_MEMORY_BYTES / MIB,
-            "CPython needs about 16 MiB to start",
-        )?;
+        at_least("memory_mb", l.memory_bytes / MIB, MIN_MEMORY_BYTES / MIB, "CPython needs about 16 MiB to start")?;
         at_most("memory_mb", l.memory_bytes / MIB, host.memory_bytes / MIB)?;
         at_least("pids", l.pids.into(), 1, "the code itself is one process")?;
         at_most("pids", l.pids.into(), host.pid_max.into())?;
         if !(l.cpus.is_finite() && l.cpus > 0.0 && l.cpus <= f64::from(host.cpus)) {
-            return Err(PolicyError::BadCpus {
-                value: l.cpus,
-                max: host.cpus,
-            });
+            return Err(PolicyError::BadCpus { value: l.cpus, max: host.cpus });
         }
-        at_least(
-            "disk_mb",
-            l.disk_bytes / MIB,
-            1,
-            "the work directory needs room for its files",
-        )?;
+        at_least("disk_mb", l.disk_bytes / MIB, 1, "the work directory needs room for its files")?;
         // The work directory is a tmpfs: it lives in memory.
         at_most("disk_mb", l.disk_bytes / MIB, host.memory_bytes / MIB)?;
-        at_least(
-            "disk_inodes",
-            l.disk_inodes,
-            MIN_DISK_INODES,
-            "the work directory needs room for its layout",
-        )?;
+        at_least("disk_inodes", l.disk_inodes, MIN_DISK_INODES, "the work directory needs room for its layout")?;
         at_least(
             "open_files",
             l.open_files.into(),
@@ -466,12 +407,7 @@ impl Policy {
             "an interpreter needs a few descriptors to start",
         )?;
         at_most("open_files", l.open_files.into(), host.nr_open.into())?;
-        at_least(
-            "max_file_bytes",
-            l.file_bytes,
-            1,
-            "files of at least one byte must fit",
-        )?;
+        at_least("max_file_bytes", l.file_bytes, 1, "files of at least one byte must fit")?;
         if l.files_total_bytes < l.file_bytes {
             return Err(PolicyError::Invalid {
                 field: "max_files_total_bytes",
@@ -491,19 +427,13 @@ impl Policy {
         }
         if self.network.is_enabled() {
             if self.network.max_connections == 0 {
-                return Err(PolicyError::ZeroNetworkCap {
-                    field: "max_connections",
-                });
+                return Err(PolicyError::ZeroNetworkCap { field: "max_connections" });
             }
             if self.network.max_bytes_in == 0 {
-                return Err(PolicyError::ZeroNetworkCap {
-                    field: "max_network_bytes_in",
-                });
+                return Err(PolicyError::ZeroNetworkCap { field: "max_network_bytes_in" });
             }
             if self.network.max_bytes_out == 0 {
-                return Err(PolicyError::ZeroNetworkCap {
-                    field: "max_network_bytes_out",
-                });
+                return Err(PolicyError::ZeroNetworkCap { field: "max_network_bytes_out" });
             }
         }
         Ok(())
@@ -532,29 +462,17 @@ impl Policy {
             max_network_bytes_in: Some(self.network.max_bytes_in),
             max_connections: Some(self.network.max_connections),
             backend: Some(self.backend.to_string()),
-            allow_degraded: Some(
-                self.allow_degraded
-                    .iter()
-                    .map(|l| l.name().to_owned())
-                    .collect(),
-            ),
+            allow_degraded: Some(self.allow_degraded.iter().map(|l| l.name().to_owned()).collect()),
         }
     }
 }
 
 fn duration(field: &'static str, seconds: f64) -> Result<Duration, PolicyError> {
     if !seconds.is_finite() || seconds <= 0.0 {
-        return Err(PolicyError::BadDuration {
-            field,
-            value: seconds,
-        });
+        return Err(PolicyError::BadDuration { field, value: seconds });
     }
     if seconds > MAX_WALL_TIME.as_secs_f64() {
-        return Err(PolicyError::DurationTooLong {
-            field,
-            value: seconds,
-            max: MAX_WALL_TIME.as_secs(),
-        });
+        return Err(PolicyError::DurationTooLong { field, value: seconds, max: MAX_WALL_TIME.as_secs() });
     }
     Ok(Duration::from_secs_f64(seconds))
 }
@@ -563,19 +481,9 @@ fn check_duration(field: &'static str, value: Duration) -> Result<(), PolicyErro
     duration(field, value.as_secs_f64()).map(|_| ())
 }
 
-fn at_least(
-    field: &'static str,
-    value: u64,
-    min: u64,
-    hint: &'static str,
-) -> Result<(), PolicyError> {
+fn at_least(field: &'static str, value: u64, min: u64, hint: &'static str) -> Result<(), PolicyError> {
     if value < min {
-        return Err(PolicyError::TooSmall {
-            field,
-            value,
-            min,
-            hint,
-        });
+        return Err(PolicyError::TooSmall { field, value, min, hint });
     }
     Ok(())
 }
@@ -598,12 +506,7 @@ mod tests {
     use super::*;
 
     fn host() -> HostFacts {
-        HostFacts {
-            memory_bytes: 8 << 30,
-            cpus: 2,
-            pid_max: 32768,
-            nr_open: 1 << 20,
-        }
+        HostFacts { memory_bytes: 8 << 30, cpus: 2, pid_max: 32768, nr_open: 1 << 20 }
     }
 
     #[test]
@@ -628,90 +531,18 @@ mod tests {
     #[test]
     fn nonsense_is_refused_with_the_field_named() {
         let cases: Vec<(PolicySpec, &str)> = vec![
-            (
-                PolicySpec {
-                    memory_mb: Some(0),
-                    ..Default::default()
-                },
-                "memory_mb",
-            ),
-            (
-                PolicySpec {
-                    memory_mb: Some(1 << 40),
-                    ..Default::default()
-                },
-                "memory_mb",
-            ),
-            (
-                PolicySpec {
-                    timeout_s: Some(-1.0),
-                    ..Default::default()
-                },
-                "timeout_s",
-            ),
-            (
-                PolicySpec {
-                    timeout_s: Some(f64::NAN),
-                    ..Default::default()
-                },
-                "timeout_s",
-            ),
-            (
-                PolicySpec {
-                    cpu_time_s: Some(0.0),
-                    ..Default::default()
-                },
-                "cpu_time_s",
-            ),
-            (
-                PolicySpec {
-                    pids: Some(0),
-                    ..Default::default()
-                },
-                "pids",
-            ),
-            (
-                PolicySpec {
-                    cpus: Some(3.0),
-                    ..Default::default()
-                },
-                "cpus",
-            ),
-            (
-                PolicySpec {
-                    disk_mb: Some(1 << 20),
-                    ..Default::default()
-                },
-                "disk_mb",
-            ),
-            (
-                PolicySpec {
-                    open_files: Some(2),
-                    ..Default::default()
-                },
-                "open_files",
-            ),
-            (
-                PolicySpec {
-                    allow_degraded: Some(vec!["seccomp".into()]),
-                    ..Default::default()
-                },
-                "seccomp",
-            ),
-            (
-                PolicySpec {
-                    allow_degraded: Some(vec!["bogus".into()]),
-                    ..Default::default()
-                },
-                "bogus",
-            ),
-            (
-                PolicySpec {
-                    backend: Some("vm".into()),
-                    ..Default::default()
-                },
-                "vm",
-            ),
+            (PolicySpec { memory_mb: Some(0), ..Default::default() }, "memory_mb"),
+            (PolicySpec { memory_mb: Some(1 << 40), ..Default::default() }, "memory_mb"),
+            (PolicySpec { timeout_s: Some(-1.0), ..Default::default() }, "timeout_s"),
+            (PolicySpec { timeout_s: Some(f64::NAN), ..Default::default() }, "timeout_s"),
+            (PolicySpec { cpu_time_s: Some(0.0), ..Default::default() }, "cpu_time_s"),
+            (PolicySpec { pids: Some(0), ..Default::default() }, "pids"),
+            (PolicySpec { cpus: Some(3.0), ..Default::default() }, "cpus"),
+            (PolicySpec { disk_mb: Some(1 << 20), ..Default::default() }, "disk_mb"),
+            (PolicySpec { open_files: Some(2), ..Default::default() }, "open_files"),
+            (PolicySpec { allow_degraded: Some(vec!["seccomp".into()]), ..Default::default() }, "seccomp"),
+            (PolicySpec { allow_degraded: Some(vec!["bogus".into()]), ..Default::default() }, "bogus"),
+            (PolicySpec { backend: Some("vm".into()), ..Default::default() }, "vm"),
         ];
         for (spec, needle) in cases {
             let err = Policy::from_spec(&spec, &host()).unwrap_err().to_string();
@@ -723,14 +554,8 @@ mod tests {
     fn env_keys_are_checked() {
         let mut env = BTreeMap::new();
         env.insert("1BAD".to_owned(), "x".to_owned());
-        let spec = PolicySpec {
-            env: Some(env),
-            ..Default::default()
-        };
-        assert!(matches!(
-            Policy::from_spec(&spec, &host()),
-            Err(PolicyError::BadEnvKey { .. })
-        ));
+        let spec = PolicySpec { env: Some(env), ..Default::default() };
+        assert!(matches!(Policy::from_spec(&spec, &host()), Err(PolicyError::BadEnvKey { .. })));
     }
 
     #[test]

@@ -80,8 +80,7 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_refused() {
-        let err =
-            serde_json::from_str::<PolicySpec>(r#"{"memory_mb": 64, "memroy_mb": 1}"#).unwrap_err();
+        let err = serde_json::from_str::<PolicySpec>(r#"{"memory_mb": 64, "memroy_mb": 1}"#).unwrap_err();
         assert!(err.to_string().contains("memroy_mb"), "{err}");
     }
 

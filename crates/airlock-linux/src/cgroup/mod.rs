@@ -58,12 +58,7 @@ pub trait RunCgroup: Send {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hierarchy {
     /// cgroup v1: the caller's cgroup in each controller's hierarchy.
-    V1 {
-        memory: PathBuf,
-        pids: PathBuf,
-        cpu: PathBuf,
-        cpuacct: Option<PathBuf>,
-    },
+    V1 { memory: PathBuf, pids: PathBuf, cpu: PathBuf, cpuacct: Option<PathBuf> },
     /// cgroup v2: the parent directory, and whether airlock may enable
     /// controllers in it (only when the operator delegated it).
     V2 { parent: PathBuf, delegated: bool },
@@ -77,19 +72,13 @@ const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 impl Hierarchy {
     /// Finds where this process may make cgroups, or says why it cannot.
     pub fn detect() -> Result<Hierarchy, String> {
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-        let membership = fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        let mountinfo =
+            fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        let membership =
+            fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
         let delegated = std::env::var_os(DELEGATED_CGROUP_ENV).map(PathBuf::from);
-        let read_controllers =
-            |mount: &Path| fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
-        let hierarchy = Hierarchy::from_tables(
-            &mountinfo,
-            &membership,
-            delegated.as_deref(),
-            &read_controllers,
-        )?;
+        let read_controllers = |mount: &Path| fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+        let hierarchy = Hierarchy::from_tables(&mountinfo, &membership, delegated.as_deref(), &read_controllers)?;
         hierarchy.check_writable()?;
         Ok(hierarchy)
     }
@@ -107,9 +96,7 @@ impl Hierarchy {
         // and the only place they can be on a pure v2 host.
         if let Some(unified) = mounts.iter().find(|m| m.fstype == "cgroup2") {
             let controllers = read_controllers(&unified.mount_point);
-            let has_all = CONTROLLERS
-                .iter()
-                .all(|c| controllers.split_whitespace().any(|x| x == *c));
+            let has_all = CONTROLLERS.iter().all(|c| controllers.split_whitespace().any(|x| x == *c));
             if has_all {
                 let parent = match delegated {
                     Some(path) => path.to_owned(),
@@ -121,16 +108,11 @@ impl Hierarchy {
                         join_beneath(&unified.mount_point, &unified.root, own)?
                     }
                 };
-                return Ok(Hierarchy::V2 {
-                    parent,
-                    delegated: delegated.is_some(),
-                });
+                return Ok(Hierarchy::V2 { parent, delegated: delegated.is_some() });
             }
         }
         let find = |controller: &str| -> Result<Option<PathBuf>, String> {
-            let Some(mount) = mounts
-                .iter()
-                .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == controller))
+            let Some(mount) = mounts.iter().find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == controller))
             else {
                 return Ok(None);
             };
@@ -143,11 +125,7 @@ impl Hierarchy {
                 })
                 .ok_or_else(|| format!("this process is in no {controller} cgroup"))?;
             match delegated {
-                Some(path) => Ok(Some(
-                    mount
-                        .mount_point
-                        .join(path.strip_prefix("/").unwrap_or(path)),
-                )),
+                Some(path) => Ok(Some(mount.mount_point.join(path.strip_prefix("/").unwrap_or(path)))),
                 None => join_beneath(&mount.mount_point, &mount.root, own).map(Some),
             }
         };
@@ -161,9 +139,7 @@ impl Hierarchy {
 
     fn check_writable(&self) -> Result<(), String> {
         let dirs: Vec<&Path> = match self {
-            Hierarchy::V1 {
-                memory, pids, cpu, ..
-            } => vec![memory, pids, cpu],
+            Hierarchy::V1 { memory, pids, cpu, .. } => vec![memory, pids, cpu],
             Hierarchy::V2 { parent, .. } => vec![parent],
         };
         for dir in dirs {
@@ -198,22 +174,12 @@ impl Hierarchy {
     pub fn create(&self, limits: &CgroupLimits) -> io::Result<Box<dyn RunCgroup>> {
         let name = run_cgroup_name();
         match self {
-            Hierarchy::V1 {
-                memory,
-                pids,
-                cpu,
-                cpuacct,
-            } => Ok(Box::new(v1::V1Cgroup::create(
-                &name,
-                memory,
-                pids,
-                cpu,
-                cpuacct.as_deref(),
-                limits,
-            )?)),
-            Hierarchy::V2 { parent, delegated } => Ok(Box::new(v2::V2Cgroup::create(
-                &name, parent, *delegated, limits,
-            )?)),
+            Hierarchy::V1 { memory, pids, cpu, cpuacct } => {
+                Ok(Box::new(v1::V1Cgroup::create(&name, memory, pids, cpu, cpuacct.as_deref(), limits)?))
+            }
+            Hierarchy::V2 { parent, delegated } => {
+                Ok(Box::new(v2::V2Cgroup::create(&name, parent, *delegated, limits)?))
+            }
         }
     }
 
@@ -221,12 +187,7 @@ impl Hierarchy {
     /// process that no longer exists. Errors are ignored: it is housekeeping.
     pub fn remove_stale(&self) {
         let parents: Vec<&Path> = match self {
-            Hierarchy::V1 {
-                memory,
-                pids,
-                cpu,
-                cpuacct,
-            } => {
+            Hierarchy::V1 { memory, pids, cpu, cpuacct } => {
                 let mut v = vec![memory.as_path(), pids.as_path(), cpu.as_path()];
                 v.extend(cpuacct.as_deref());
                 v
@@ -282,11 +243,7 @@ fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape(field: &str) -> String {
-    field
-        .replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+    field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 }
 
 /// The directory of cgroup `path` in a hierarchy mounted at `mount_point`
@@ -296,9 +253,7 @@ fn join_beneath(mount_point: &Path, mount_root: &str, path: &str) -> Result<Path
         path.trim_start_matches('/')
     } else {
         path.strip_prefix(mount_root)
-            .ok_or_else(|| {
-                format!("this process's cgroup {path} is outside the mounted part {mount_root}")
-            })?
+            .ok_or_else(|| format!("this process's cgroup {path} is outside the mounted part {mount_root}"))?
             .trim_start_matches('/')
     };
     if relative.split('/').any(|c| c == "..") {
@@ -312,10 +267,7 @@ fn run_cgroup_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let pid = std::process::id();
     let start = process_start_time(pid).unwrap_or(0);
-    format!(
-        "airlock-{pid}-{start}-{}",
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("airlock-{pid}-{start}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 fn is_stale(name: &str) -> bool {
@@ -346,10 +298,7 @@ fn kill_procs(dir: &Path) {
         let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
             return;
         };
-        let pids: Vec<i32> = procs
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
+        let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
         if pids.is_empty() {
             return;
         }
@@ -377,8 +326,7 @@ fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
 }
 
 fn write(path: &Path, value: impl AsRef<[u8]>) -> io::Result<()> {
-    fs::write(path, value)
-        .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
+    fs::write(path, value).map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
@@ -387,10 +335,7 @@ fn read_u64(path: &Path) -> Option<u64> {
 
 /// The value of `key` in a flat keyed file (`key value` per line).
 fn read_key(path: &Path, key: &str) -> Option<u64> {
-    fs::read_to_string(path)
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+    fs::read_to_string(path).ok()?.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -415,9 +360,7 @@ mod tests {
 
     #[test]
     fn hybrid_hosts_use_v1_nested_under_our_own_cgroups() {
-        let h =
-            Hierarchy::from_tables(HYBRID_MOUNTINFO, HYBRID_CGROUP, None, &|_| "hugetlb".into())
-                .unwrap();
+        let h = Hierarchy::from_tables(HYBRID_MOUNTINFO, HYBRID_CGROUP, None, &|_| "hugetlb".into()).unwrap();
         assert_eq!(
             h,
             Hierarchy::V1 {
@@ -431,50 +374,28 @@ mod tests {
 
     #[test]
     fn a_container_s_mount_root_is_stripped() {
-        let mountinfo =
-            "40 31 0:38 /docker/abc /sys/fs/cgroup rw - cgroup cgroup rw,memory,pids,cpu\n";
+        let mountinfo = "40 31 0:38 /docker/abc /sys/fs/cgroup rw - cgroup cgroup rw,memory,pids,cpu\n";
         let cgroup = "5:memory,pids,cpu:/docker/abc/app\n";
         let h = Hierarchy::from_tables(mountinfo, cgroup, None, &|_| String::new()).unwrap();
-        assert!(
-            matches!(h, Hierarchy::V1 { memory, .. } if memory == Path::new("/sys/fs/cgroup/app"))
-        );
+        assert!(matches!(h, Hierarchy::V1 { memory, .. } if memory == Path::new("/sys/fs/cgroup/app")));
     }
 
     #[test]
     fn a_unified_hierarchy_with_the_controllers_wins() {
         let mountinfo = "30 23 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        let h = Hierarchy::from_tables(mountinfo, "0::/user.slice/app\n", None, &|_| {
-            "cpu io memory pids".into()
-        })
-        .unwrap();
-        assert_eq!(
-            h,
-            Hierarchy::V2 {
-                parent: "/sys/fs/cgroup/user.slice/app".into(),
-                delegated: false
-            }
-        );
-        let d = Path::new("/sys/fs/cgroup/delegated");
         let h =
-            Hierarchy::from_tables(mountinfo, "0::/x\n", Some(d), &|_| "cpu memory pids".into())
-                .unwrap();
-        assert_eq!(
-            h,
-            Hierarchy::V2 {
-                parent: d.into(),
-                delegated: true
-            }
-        );
+            Hierarchy::from_tables(mountinfo, "0::/user.slice/app\n", None, &|_| "cpu io memory pids".into()).unwrap();
+        assert_eq!(h, Hierarchy::V2 { parent: "/sys/fs/cgroup/user.slice/app".into(), delegated: false });
+        let d = Path::new("/sys/fs/cgroup/delegated");
+        let h = Hierarchy::from_tables(mountinfo, "0::/x\n", Some(d), &|_| "cpu memory pids".into()).unwrap();
+        assert_eq!(h, Hierarchy::V2 { parent: d.into(), delegated: true });
     }
 
     #[test]
     fn no_controllers_is_a_clear_error() {
-        let err = Hierarchy::from_tables(
-            "1 0 0:1 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n",
-            "0::/\n",
-            None,
-            &|_| String::new(),
-        )
+        let err = Hierarchy::from_tables("1 0 0:1 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n", "0::/\n", None, &|_| {
+            String::new()
+        })
         .unwrap_err();
         assert!(err.contains("memory, pids and cpu"), "{err}");
     }
@@ -485,13 +406,7 @@ mod tests {
         assert!(!is_stale(&name), "our own cgroup is not stale");
         assert!(is_stale("airlock-999999999-1-0"), "no such process");
         let pid = std::process::id();
-        assert!(
-            is_stale(&format!("airlock-{pid}-1-0")),
-            "same pid, another start time"
-        );
-        assert!(
-            !is_stale("someone-else"),
-            "never touch what we did not name"
-        );
+        assert!(is_stale(&format!("airlock-{pid}-1-0")), "same pid, another start time");
+        assert!(!is_stale("someone-else"), "never touch what we did not name");
     }
 }

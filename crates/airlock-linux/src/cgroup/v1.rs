@@ -6,10 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{
-    CgroupLimits, CgroupStats, RunCgroup, kill_procs, read_key, read_u64, remove_dir_retrying,
-    write,
-};
+use super::{CgroupLimits, CgroupStats, RunCgroup, kill_procs, read_key, read_u64, remove_dir_retrying, write};
 
 /// The CFS period airlock uses for CPU quotas, in microseconds.
 const CFS_PERIOD_US: u64 = 100_000;
@@ -40,44 +37,29 @@ impl V1Cgroup {
             cpuacct: None,
             made: Vec::new(),
         };
-        let mut dirs = vec![
-            cgroup.memory.clone(),
-            cgroup.pids.clone(),
-            cgroup.cpu.clone(),
-        ];
+        let mut dirs = vec![cgroup.memory.clone(), cgroup.pids.clone(), cgroup.cpu.clone()];
         if let Some(acct) = cpuacct.filter(|a| *a != cpu) {
             dirs.push(acct.join(name));
         }
         for dir in &dirs {
             // A failure part-way leaves `made` for Drop to remove.
-            fs::create_dir(dir).map_err(|e| {
-                io::Error::new(e.kind(), format!("creating {}: {e}", dir.display()))
-            })?;
+            fs::create_dir(dir).map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
             cgroup.made.push(dir.clone());
         }
-        cgroup.cpuacct = if cgroup.cpu.join("cpuacct.usage").exists() {
-            Some(cgroup.cpu.clone())
-        } else {
-            dirs.get(3).cloned()
-        };
+        cgroup.cpuacct =
+            if cgroup.cpu.join("cpuacct.usage").exists() { Some(cgroup.cpu.clone()) } else { dirs.get(3).cloned() };
 
         // Swap: the memory+swap limit equals the memory limit, so a run can
         // never page out to get more. Without swap accounting (memsw files
         // absent) swappiness 0 keeps the kernel from swapping the cgroup.
-        write(
-            &cgroup.memory.join("memory.limit_in_bytes"),
-            limits.memory_bytes.to_string(),
-        )?;
+        write(&cgroup.memory.join("memory.limit_in_bytes"), limits.memory_bytes.to_string())?;
         let memsw = cgroup.memory.join("memory.memsw.limit_in_bytes");
         if memsw.exists() {
             write(&memsw, limits.memory_bytes.to_string())?;
         }
         let _ = write(&cgroup.memory.join("memory.swappiness"), "0");
         write(&cgroup.pids.join("pids.max"), limits.pids.to_string())?;
-        write(
-            &cgroup.cpu.join("cpu.cfs_period_us"),
-            CFS_PERIOD_US.to_string(),
-        )?;
+        write(&cgroup.cpu.join("cpu.cfs_period_us"), CFS_PERIOD_US.to_string())?;
         let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
         write(&cgroup.cpu.join("cpu.cfs_quota_us"), quota.to_string())?;
         Ok(cgroup)
@@ -115,10 +97,8 @@ impl RunCgroup for V1Cgroup {
         let mut first_error = Ok(());
         while let Some(dir) = self.made.pop() {
             if let Err(e) = remove_dir_retrying(&dir) {
-                first_error = first_error.and(Err(io::Error::new(
-                    e.kind(),
-                    format!("removing {}: {e}", dir.display()),
-                )));
+                first_error =
+                    first_error.and(Err(io::Error::new(e.kind(), format!("removing {}: {e}", dir.display()))));
             }
         }
         first_error

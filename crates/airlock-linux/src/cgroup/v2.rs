@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    CONTROLLERS, CgroupLimits, CgroupStats, RunCgroup, kill_procs, read_key, read_u64,
-    remove_dir_retrying, write,
+    CONTROLLERS, CgroupLimits, CgroupStats, RunCgroup, kill_procs, read_key, read_u64, remove_dir_retrying, write,
 };
 
 const CPU_PERIOD_US: u64 = 100_000;
@@ -16,11 +15,8 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// in a delegated cgroup, enables them.
 pub fn check_controllers(parent: &Path, delegated: bool) -> Result<(), String> {
     let enabled = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
-    let missing: Vec<&str> = CONTROLLERS
-        .iter()
-        .copied()
-        .filter(|c| !enabled.split_whitespace().any(|e| e == *c))
-        .collect();
+    let missing: Vec<&str> =
+        CONTROLLERS.iter().copied().filter(|c| !enabled.split_whitespace().any(|e| e == *c)).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -50,31 +46,19 @@ pub struct V2Cgroup {
 }
 
 impl V2Cgroup {
-    pub fn create(
-        name: &str,
-        parent: &Path,
-        delegated: bool,
-        limits: &CgroupLimits,
-    ) -> io::Result<V2Cgroup> {
+    pub fn create(name: &str, parent: &Path, delegated: bool, limits: &CgroupLimits) -> io::Result<V2Cgroup> {
         check_controllers(parent, delegated).map_err(io::Error::other)?;
         let dir = parent.join(name);
-        fs::create_dir(&dir)
-            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
+        fs::create_dir(&dir).map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
         let cgroup = V2Cgroup { dir, made: true };
-        write(
-            &cgroup.dir.join("memory.max"),
-            limits.memory_bytes.to_string(),
-        )?;
+        write(&cgroup.dir.join("memory.max"), limits.memory_bytes.to_string())?;
         // No swap at all: a run cannot page out to get more memory.
         write(&cgroup.dir.join("memory.swap.max"), "0")?;
         // Kill the whole run on OOM, not one process of it.
         let _ = write(&cgroup.dir.join("memory.oom.group"), "1");
         write(&cgroup.dir.join("pids.max"), limits.pids.to_string())?;
         let quota = ((limits.cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
-        write(
-            &cgroup.dir.join("cpu.max"),
-            format!("{quota} {CPU_PERIOD_US}"),
-        )?;
+        write(&cgroup.dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}"))?;
         Ok(cgroup)
     }
 }
@@ -111,9 +95,8 @@ impl RunCgroup for V2Cgroup {
             return Ok(());
         }
         self.kill_all();
-        remove_dir_retrying(&self.dir).map_err(|e| {
-            io::Error::new(e.kind(), format!("removing {}: {e}", self.dir.display()))
-        })?;
+        remove_dir_retrying(&self.dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("removing {}: {e}", self.dir.display())))?;
         self.made = false;
         Ok(())
     }
@@ -136,16 +119,8 @@ mod tests {
     #[test]
     fn limits_are_written_where_v2_reads_them() {
         let parent = tempfile::tempdir().unwrap();
-        fs::write(
-            parent.path().join("cgroup.subtree_control"),
-            "cpu memory pids\n",
-        )
-        .unwrap();
-        let limits = CgroupLimits {
-            memory_bytes: 64 << 20,
-            pids: 10,
-            cpus: 0.5,
-        };
+        fs::write(parent.path().join("cgroup.subtree_control"), "cpu memory pids\n").unwrap();
+        let limits = CgroupLimits { memory_bytes: 64 << 20, pids: 10, cpus: 0.5 };
         let mut cg = V2Cgroup::create("airlock-test", parent.path(), false, &limits).unwrap();
         let dir = parent.path().join("airlock-test");
         let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap();
@@ -154,11 +129,7 @@ mod tests {
         assert_eq!(read("pids.max"), "10");
         assert_eq!(read("cpu.max"), "50000 100000");
         fs::write(dir.join("memory.peak"), "12345\n").unwrap();
-        fs::write(
-            dir.join("memory.events"),
-            "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n",
-        )
-        .unwrap();
+        fs::write(dir.join("memory.events"), "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n").unwrap();
         fs::write(dir.join("pids.events"), "max 2\n").unwrap();
         fs::write(dir.join("cpu.stat"), "usage_usec 1500\nuser_usec 1000\n").unwrap();
         let stats = cg.stats();
@@ -179,13 +150,7 @@ mod tests {
         let parent = tempfile::tempdir().unwrap();
         fs::write(parent.path().join("cgroup.subtree_control"), "cpu\n").unwrap();
         let err = check_controllers(parent.path(), false).unwrap_err();
-        assert!(
-            err.contains("memory, pids") && err.contains("AIRLOCK_CGROUP"),
-            "{err}"
-        );
-        assert_eq!(
-            fs::read_to_string(parent.path().join("cgroup.subtree_control")).unwrap(),
-            "cpu\n"
-        );
+        assert!(err.contains("memory, pids") && err.contains("AIRLOCK_CGROUP"), "{err}");
+        assert_eq!(fs::read_to_string(parent.path().join("cgroup.subtree_control")).unwrap(), "cpu\n");
     }
 }

@@ -75,8 +75,7 @@ impl Assembler {
         self.labels.insert(label, self.code.len());
     }
     fn emit(&mut self, code: u16, jt: u8, jf: u8, k: u32) {
-        self.code
-            .push(Pending::Ready(Instruction { code, jt, jf, k }));
+        self.code.push(Pending::Ready(Instruction { code, jt, jf, k }));
     }
     fn jump(&mut self, to: Label) {
         self.code.push(Pending::Jump(to));
@@ -98,12 +97,7 @@ impl Assembler {
                     // Every label is placed after every jump to it (forward
                     // only), which the layout above guarantees.
                     let target = labels[&label];
-                    Instruction {
-                        code: JMP_JA,
-                        jt: 0,
-                        jf: 0,
-                        k: (target - at - 1) as u32,
-                    }
+                    Instruction { code: JMP_JA, jt: 0, jf: 0, k: (target - at - 1) as u32 }
                 }
             })
             .collect()
@@ -112,10 +106,7 @@ impl Assembler {
 
 /// Compiles `policy` to a BPF program for this architecture.
 pub fn compile(policy: &Policy) -> Result<Vec<Instruction>, PolicyFileError> {
-    let mut asm = Assembler {
-        code: Vec::new(),
-        labels: BTreeMap::new(),
-    };
+    let mut asm = Assembler { code: Vec::new(), labels: BTreeMap::new() };
     // The architecture first: a 32-bit entry point has other numbers.
     asm.emit(LD_W_ABS, 0, 0, OFFSET_ARCH);
     asm.emit(JMP_JEQ_K, 1, 0, AUDIT_ARCH);
@@ -273,81 +264,31 @@ mod tests {
         let (_, program) = default_program();
         let read = Policy::number("read").unwrap();
         const AUDIT_ARCH_I386: u32 = 0x4000_0003;
-        assert_eq!(
-            evaluate(&program, AUDIT_ARCH_I386, read, [0; 6]),
-            Some(Action::KillProcess.ret())
-        );
+        assert_eq!(evaluate(&program, AUDIT_ARCH_I386, read, [0; 6]), Some(Action::KillProcess.ret()));
         if let Some(bit) = X32_SYSCALL_BIT {
-            assert_eq!(
-                evaluate(&program, AUDIT_ARCH, read | bit, [0; 6]),
-                Some(Action::KillProcess.ret())
-            );
+            assert_eq!(evaluate(&program, AUDIT_ARCH, read | bit, [0; 6]), Some(Action::KillProcess.ret()));
         }
-        assert_eq!(
-            evaluate(&program, AUDIT_ARCH, read, [0; 6]),
-            Some(Action::Allow.ret())
-        );
+        assert_eq!(evaluate(&program, AUDIT_ARCH, read, [0; 6]), Some(Action::Allow.ret()));
     }
 
     #[test]
     fn the_issue_s_rules_hold() {
         let (_, program) = default_program();
-        let run = |name: &str, args: [u64; 6]| {
-            evaluate(&program, AUDIT_ARCH, Policy::number(name).unwrap(), args)
-        };
+        let run = |name: &str, args: [u64; 6]| evaluate(&program, AUDIT_ARCH, Policy::number(name).unwrap(), args);
         let eperm = Some(Action::Errno(1).ret());
         assert_eq!(run("clone3", [0; 6]), Some(Action::Errno(38).ret()));
-        assert_eq!(
-            run("clone", [0x1000_0000 | 17, 0, 0, 0, 0, 0]),
-            eperm,
-            "CLONE_NEWUSER"
-        );
-        assert_eq!(
-            run("clone", [0x003d_0f00, 0, 0, 0, 0, 0]),
-            Some(Action::Allow.ret()),
-            "pthread_create's flags"
-        );
-        assert_eq!(
-            run("unshare", [0x4000_0000, 0, 0, 0, 0, 0]),
-            eperm,
-            "CLONE_NEWNET"
-        );
+        assert_eq!(run("clone", [0x1000_0000 | 17, 0, 0, 0, 0, 0]), eperm, "CLONE_NEWUSER");
+        assert_eq!(run("clone", [0x003d_0f00, 0, 0, 0, 0, 0]), Some(Action::Allow.ret()), "pthread_create's flags");
+        assert_eq!(run("unshare", [0x4000_0000, 0, 0, 0, 0, 0]), eperm, "CLONE_NEWNET");
         assert_eq!(run("ioctl", [0, 0x5412, 0, 0, 0, 0]), eperm, "TIOCSTI");
-        assert_eq!(
-            run("ioctl", [0, 0xdead_0000_0000_5412, 0, 0, 0, 0]),
-            eperm,
-            "TIOCSTI with high bits"
-        );
+        assert_eq!(run("ioctl", [0, 0xdead_0000_0000_5412, 0, 0, 0, 0]), eperm, "TIOCSTI with high bits");
         assert_eq!(run("ioctl", [0, 0x541C, 0, 0, 0, 0]), eperm, "TIOCLINUX");
-        assert_eq!(
-            run("ioctl", [0, 0x5401, 0, 0, 0, 0]),
-            Some(Action::Allow.ret()),
-            "TCGETS"
-        );
-        assert_eq!(
-            run("socket", [16, 3, 0, 0, 0, 0]),
-            Some(Action::Errno(97).ret()),
-            "AF_NETLINK"
-        );
-        assert_eq!(
-            run("socket", [17, 3, 0, 0, 0, 0]),
-            Some(Action::Errno(97).ret()),
-            "AF_PACKET"
-        );
-        assert_eq!(
-            run("socket", [2, 1, 0, 0, 0, 0]),
-            Some(Action::Allow.ret()),
-            "AF_INET"
-        );
-        assert_eq!(
-            run("personality", [0x0040_0000, 0, 0, 0, 0, 0]),
-            eperm,
-            "READ_IMPLIES_EXEC"
-        );
-        assert_eq!(
-            run("personality", [0xffff_ffff, 0, 0, 0, 0, 0]),
-            Some(Action::Allow.ret())
-        );
+        assert_eq!(run("ioctl", [0, 0x5401, 0, 0, 0, 0]), Some(Action::Allow.ret()), "TCGETS");
+        assert_eq!(run("socket", [16, 3, 0, 0, 0, 0]), Some(Action::Errno(97).ret()), "AF_NETLINK");
+        assert_eq!(run("socket", [17, 3, 0, 0, 0, 0]), Some(Action::Errno(97).ret()), "AF_PACKET");
+        assert_eq!(run("socket", [2, 1, 0, 0, 0, 0]), Some(Action::Allow.ret()), "AF_INET");
+        assert_eq!(run("personality", [0x0040_0000, 0, 0, 0, 0, 0]), eperm, "READ_IMPLIES_EXEC");
+        assert_eq!(run("personality", [0xffff_ffff, 0, 0, 0, 0, 0]), Some(Action::Allow.ret()));
         assert_eq!(run("bpf", [0; 6]), eperm);
         assert_eq!(run("io_uring_setup", [0; 6]), eperm);
     }

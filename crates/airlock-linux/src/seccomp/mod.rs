@@ -52,9 +52,7 @@ impl Action {
             "allow" => Ok(Action::Allow),
             "kill" => Ok(Action::KillProcess),
             _ => {
-                let name = text
-                    .strip_prefix("errno:")
-                    .ok_or_else(|| PolicyFileError::BadAction(text.to_owned()))?;
+                let name = text.strip_prefix("errno:").ok_or_else(|| PolicyFileError::BadAction(text.to_owned()))?;
                 ERRNOS
                     .iter()
                     .find(|(n, _)| *n == name)
@@ -78,12 +76,7 @@ impl fmt::Display for Action {
     }
 }
 
-const ERRNOS: [(&str, u16); 4] = [
-    ("EPERM", 1),
-    ("EACCES", 13),
-    ("ENOSYS", 38),
-    ("EAFNOSUPPORT", 97),
-];
+const ERRNOS: [(&str, u16); 4] = [("EPERM", 1), ("EACCES", 13), ("ENOSYS", 38), ("EAFNOSUPPORT", 97)];
 
 /// Named constants a policy may use in conditions.
 const SYMBOLS: [(&str, u32); 15] = [
@@ -136,9 +129,7 @@ pub struct Policy {
 pub enum PolicyFileError {
     #[error("the seccomp policy is not valid TOML: {0}")]
     Toml(#[from] toml::de::Error),
-    #[error(
-        "unknown action {0:?}: use allow, kill, or errno:NAME (EPERM, EACCES, ENOSYS, EAFNOSUPPORT)"
-    )]
+    #[error("unknown action {0:?}: use allow, kill, or errno:NAME (EPERM, EACCES, ENOSYS, EAFNOSUPPORT)")]
     BadAction(String),
     #[error("unknown constant {0:?} in a condition")]
     UnknownSymbol(String),
@@ -245,10 +236,7 @@ const OTHER_ARCH_NAMES: [&str; 30] = [
 ];
 
 fn number(name: &str) -> Option<u32> {
-    table::SYSCALLS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, nr)| *nr)
+    table::SYSCALLS.iter().find(|(n, _)| *n == name).map(|(_, nr)| *nr)
 }
 
 impl Policy {
@@ -262,19 +250,7 @@ impl Policy {
                     return Err(PolicyFileError::UnknownSyscall(name.clone()));
                 }
                 let Some(nr) = number(name) else { continue };
-                if syscalls
-                    .insert(
-                        nr,
-                        (
-                            name.clone(),
-                            vec![Rule {
-                                when: None,
-                                action: Action::Allow,
-                            }],
-                        ),
-                    )
-                    .is_some()
-                {
+                if syscalls.insert(nr, (name.clone(), vec![Rule { when: None, action: Action::Allow }])).is_some() {
                     return Err(PolicyFileError::Duplicate(name.clone()));
                 }
             }
@@ -295,17 +271,11 @@ impl Policy {
                     .entry(nr)
                     .or_insert_with(|| (name.clone(), Vec::new()))
                     .1
-                    .push(Rule {
-                        when: when.clone(),
-                        action,
-                    });
+                    .push(Rule { when: when.clone(), action });
             }
         }
         syscalls.extend(ruled);
-        Ok(Policy {
-            default_action: Action::parse(&file.default_action)?,
-            syscalls,
-        })
+        Ok(Policy { default_action: Action::parse(&file.default_action)?, syscalls })
     }
 
     /// The shipped default policy.
@@ -322,15 +292,9 @@ impl Policy {
         for rule in rules {
             let holds = match &rule.when {
                 None => true,
-                Some(Condition::In { arg, values }) => {
-                    values.contains(&(args[usize::from(*arg)] as u32))
-                }
-                Some(Condition::NotIn { arg, values }) => {
-                    !values.contains(&(args[usize::from(*arg)] as u32))
-                }
-                Some(Condition::AnyBit { arg, mask }) => {
-                    (args[usize::from(*arg)] as u32) & mask != 0
-                }
+                Some(Condition::In { arg, values }) => values.contains(&(args[usize::from(*arg)] as u32)),
+                Some(Condition::NotIn { arg, values }) => !values.contains(&(args[usize::from(*arg)] as u32)),
+                Some(Condition::AnyBit { arg, mask }) => (args[usize::from(*arg)] as u32) & mask != 0,
             };
             if holds {
                 return rule.action;
@@ -351,18 +315,9 @@ fn condition(entry: &ConditionEntry) -> Result<Condition, PolicyFileError> {
     }
     let arg = entry.arg;
     match (&entry.is_in, &entry.not_in, &entry.any_bit) {
-        (Some(v), None, None) => Ok(Condition::In {
-            arg,
-            values: symbols(v)?,
-        }),
-        (None, Some(v), None) => Ok(Condition::NotIn {
-            arg,
-            values: symbols(v)?,
-        }),
-        (None, None, Some(v)) => Ok(Condition::AnyBit {
-            arg,
-            mask: symbols(v)?.into_iter().fold(0, |a, b| a | b),
-        }),
+        (Some(v), None, None) => Ok(Condition::In { arg, values: symbols(v)? }),
+        (None, Some(v), None) => Ok(Condition::NotIn { arg, values: symbols(v)? }),
+        (None, None, Some(v)) => Ok(Condition::AnyBit { arg, mask: symbols(v)?.into_iter().fold(0, |a, b| a | b) }),
         _ => Err(PolicyFileError::BadCondition),
     }
 }
@@ -398,9 +353,7 @@ mod tests {
 
     #[test]
     fn typos_are_caught() {
-        let err = Policy::parse(
-            "default_action = \"errno:EPERM\"\n[[allow]]\ncomment = \"x\"\nnames = [\"reed\"]\n",
-        );
+        let err = Policy::parse("default_action = \"errno:EPERM\"\n[[allow]]\ncomment = \"x\"\nnames = [\"reed\"]\n");
         assert!(matches!(err, Err(PolicyFileError::UnknownSyscall(n)) if n == "reed"));
         let err = Policy::parse("default_action = \"errno:EPREM\"\n");
         assert!(matches!(err, Err(PolicyFileError::BadAction(_))));
@@ -454,11 +407,7 @@ mod tests {
             let Some(nr) = Policy::number(name) else {
                 continue;
             };
-            assert_ne!(
-                policy.decide(nr, [0; 6]),
-                Action::Allow,
-                "{name} must not be allowed"
-            );
+            assert_ne!(policy.decide(nr, [0; 6]), Action::Allow, "{name} must not be allowed");
         }
     }
 }

@@ -1,0 +1,52 @@
+//! `airlock`: run code a language model wrote, without letting it run your machine.
+
+mod image_cmd;
+mod run_cmd;
+mod show;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run untrusted Python and shell code in a disposable sandbox: no network,
+/// an empty environment, hard limits, and a record of every run.
+#[derive(Debug, Parser)]
+#[command(name = "airlock", version, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a script, code given with -c, or code on standard input (-).
+    Run(run_cmd::RunArgs),
+    /// Build, list, show and remove runtime images.
+    #[command(subcommand)]
+    Image(image_cmd::ImageCommand),
+}
+
+/// Exit statuses, following `timeout` and `docker run`.
+pub mod exit {
+    /// The run hit its wall-time limit.
+    pub const TIMEOUT: u8 = 124;
+    /// The sandbox itself failed, or the command was misused.
+    pub const SANDBOX_ERROR: u8 = 125;
+    /// The run was killed: memory, CPU time or output limit.
+    pub const KILLED: u8 = 137;
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run_cmd::run(args),
+        Command::Image(command) => image_cmd::run(command).map(|()| ExitCode::SUCCESS),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("airlock: {error:#}");
+            ExitCode::from(exit::SANDBOX_ERROR)
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Finding the real Python interpreter behind a name on PATH.
+//!
+//! `python3` is often not the interpreter: a pyenv shim (a shell script), a
+//! symbolic link, a venv. Bind-mounting the shim would run nothing. So the
+//! interpreter is asked where it really is, once, and the answer is kept
+//! (in airlock's data directory) until the program it was asked through changes.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::UNIX_EPOCH;
+
+use airlock_core::{Runtime, RuntimeMount};
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// A Python interpreter on the host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interpreter {
+    /// The real executable, links resolved.
+    pub executable: PathBuf,
+    /// The installation it belongs to (`sys.base_prefix`), links resolved.
+    pub base_prefix: PathBuf,
+    /// `sys.prefix`: differs from `base_prefix` inside a venv.
+    pub prefix: PathBuf,
+    /// `3.11.7`.
+    pub version: String,
+}
+
+impl Interpreter {
+    /// Resolves `program` (a name looked up on PATH, or a path).
+    pub fn resolve(program: &str) -> Result<Interpreter, Error> {
+        let found = find_program(program)?;
+        let key = cache_key(&found);
+        if let Some(cached) = key.as_ref().and_then(|k| load_cache().remove(k)) {
+            if cached.executable.is_file() && cached.base_prefix.is_dir() {
+                return Ok(cached);
+            }
+        }
+        let interpreter = ask(&found)?;
+        if let Some(key) = key {
+            let mut cache = load_cache();
+            cache.insert(key, interpreter.clone());
+            save_cache(&cache);
+        }
+        Ok(interpreter)
+    }
+
+    /// A runtime that runs this interpreter as it is, with its own packages.
+    pub fn runtime(&self) -> Runtime {
+        let mut mounts = Vec::new();
+        for dir in [&self.base_prefix, &self.prefix] {
+            if !dir.starts_with("/usr") && !mounts.iter().any(|m: &RuntimeMount| m.host == *dir) {
+                mounts.push(RuntimeMount::same_path(dir.clone()));
+            }
+        }
+        Runtime {
+            python: self.executable.clone(),
+            mounts,
+            env: matplotlib_env(),
+            image: None,
+            tmp_seed: Vec::new(),
+            describe: format!("Python {} at {}, without an image", self.version, self.executable.display()),
+        }
+    }
+}
+
+/// The variables that make matplotlib draw off-screen into airlock's driver.
+pub(crate) fn matplotlib_env() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("MPLBACKEND".to_owned(), "module://airlock_inline_backend".to_owned()),
+        ("MPLCONFIGDIR".to_owned(), "/tmp/.config/matplotlib".to_owned()),
+    ])
+}
+
+fn find_program(program: &str) -> Result<PathBuf, Error> {
+    let not_found = || Error::Interpreter {
+        program: program.to_owned(),
+        reason: "not found; install Python 3 or pass its path (--python /usr/bin/python3)".to_owned(),
+    };
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        return if path.is_file() { Ok(path) } else { Err(not_found()) };
+    }
+    let path = std::env::var_os("PATH").ok_or_else(not_found)?;
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| p.is_file()).ok_or_else(not_found)
+}
+
+/// What the answer depends on: the program, when it last changed, and for
+/// pyenv shims the version selection.
+fn cache_key(found: &Path) -> Option<String> {
+    let meta = fs::metadata(found).ok()?;
+    let mtime = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+    let pyenv = std::env::var("PYENV_VERSION").unwrap_or_default();
+    let cwd = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default();
+    Some(format!("{}|{mtime}|{}|{pyenv}|{cwd}", found.display(), meta.len()))
+}
+
+const PROBE: &str = "import json, sys\n\
+print(json.dumps({'executable': sys.executable, 'base_prefix': sys.base_prefix, 'prefix': sys.prefix,\n\
+  'version': '%d.%d.%d' % sys.version_info[:3]}))";
+
+fn ask(found: &Path) -> Result<Interpreter, Error> {
+    let fail = |reason: String| Error::Interpreter { program: found.display().to_string(), reason };
+    let output =
+        Command::new(found).args(["-I", "-c", PROBE]).output().map_err(|e| fail(format!("cannot run it: {e}")))?;
+    if !output.status.success() {
+        return Err(fail(format!("it failed: {}", String::from_utf8_lossy(&output.stderr).trim())));
+    }
+    #[derive(Deserialize)]
+    struct Answer {
+        executable: PathBuf,
+        base_prefix: PathBuf,
+        prefix: PathBuf,
+        version: String,
+    }
+    let answer: Answer = serde_json::from_slice(&output.stdout).map_err(|e| fail(format!("unexpected answer: {e}")))?;
+    let real = |p: &Path| fs::canonicalize(p).map_err(|e| fail(format!("{}: {e}", p.display())));
+    if !answer.version.starts_with('3') {
+        return Err(fail(format!("it is Python {}, and airlock needs Python 3", answer.version)));
+    }
+    Ok(Interpreter {
+        executable: real(&answer.executable)?,
+        base_prefix: real(&answer.base_prefix)?,
+        prefix: real(&answer.prefix)?,
+        version: answer.version,
+    })
+}
+
+fn cache_path() -> Option<PathBuf> {
+    airlock_core::paths::data_dir().ok().map(|d| d.join("cache/interpreters.json"))
+}
+
+fn load_cache() -> BTreeMap<String, Interpreter> {
+    cache_path().and_then(|p| fs::read(p).ok()).and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
+fn save_cache(cache: &BTreeMap<String, Interpreter>) {
+    // A cache: failing to save it costs a lookup next time, nothing more.
+    let Some(path) = cache_path() else { return };
+    let Some(dir) = path.parent() else { return };
+    if fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let Ok(bytes) = serde_json::to_vec_pretty(cache) else { return };
+    let tmp = dir.join(format!(".interpreters.{}.tmp", std::process::id()));
+    if fs::write(&tmp, bytes).is_ok() {
+        let _ = fs::rename(&tmp, &path);
+    }
+}

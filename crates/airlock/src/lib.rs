@@ -1,0 +1,71 @@
+//! airlock runs code a language model wrote without letting it run your
+//! machine.
+//!
+//! ```no_run
+//! use airlock::{Policy, Sandbox};
+//!
+//! let mut sandbox = Sandbox::new(Policy::default())?;
+//! sandbox.write("/work/data.csv", b"x,w\n1,2\n3,4\n")?;
+//! let record = sandbox.run("import pandas as pd\npd.read_csv('/work/data.csv').x.sum()");
+//! assert!(record.ok());
+//! assert_eq!(record.value.as_deref(), Some("4"));
+//! # Ok::<(), airlock::Error>(())
+//! ```
+//!
+//! Every run happens in a fresh sandbox process tree with no network, an
+//! empty environment and hard limits; every run returns a
+//! [`RunRecord`] with the code beside what it did. The isolation comes from a
+//! backend ([`BackendKind`]): Linux namespaces, seccomp, Landlock and cgroups
+//! by default. A backend that cannot enforce the policy refuses to run.
+//!
+//! The crates behind this one: `airlock-policy` (the policy and the record,
+//! plain data), `airlock-core` (the backend trait and what backends share),
+//! `airlock-linux` (the default backend).
+
+#![forbid(unsafe_code)]
+
+mod artifacts;
+pub mod image;
+pub mod interpreter;
+mod sandbox;
+
+pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeMount, SandboxError};
+pub use airlock_policy::*;
+pub use artifacts::save_to_host;
+pub use sandbox::{Output, RunRequest, Sandbox, SandboxOptions, backend_for, host_facts};
+
+/// Everything that can go wrong outside a run itself (a run that fails is a
+/// [`RunRecord`] with its status, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Path(#[from] SandboxPathError),
+    #[error(transparent)]
+    Artifact(#[from] airlock_core::ArtifactError),
+    #[error("the Python interpreter {program}: {reason}")]
+    Interpreter { program: String, reason: String },
+    #[error(
+        "there is no image called {name:?}; build it with `airlock image build {name} --requirements FILE`, or see `airlock image list`"
+    )]
+    ImageMissing { name: String },
+    #[error(
+        "image {name:?} cannot be used: {reason}; rebuild it with `airlock image build {name}` (or remove it with `airlock image rm {name}`)"
+    )]
+    ImageCorrupt { name: String, reason: String },
+    #[error("building image {name:?} failed: {reason}")]
+    ImageBuild { name: String, reason: String },
+    #[error(
+        "{name:?} is not a valid image name: use letters, digits, '.', '-' and '_', starting with a letter or digit, at most 64 characters"
+    )]
+    BadImageName { name: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
