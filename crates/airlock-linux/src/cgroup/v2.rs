@@ -85,7 +85,12 @@ impl RunCgroup for V2Cgroup {
     fn kill_all(&self) {
         // cgroup.kill (Linux 5.14) kills every process at once, even ones
         // forking as we read the list; the list is the fallback.
-        if write(&self.dir.join("cgroup.kill"), "1").is_err() {
+        // Opened without O_CREAT: the file exists on every kernel that has it.
+        let killed = fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"1"));
+        if killed.is_err() {
             kill_procs(&self.dir);
         }
     }
