@@ -4,7 +4,7 @@ use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use airlock_core::record::now_rfc3339;
 use airlock_policy::{Language, Limit, RunRecord, Status};
@@ -286,9 +286,10 @@ impl AuditStore {
         // WAL: a commit is one append to the log, so a crash at any moment
         // leaves the database at the last commit, never between two; and
         // readers (verify, listings) do not block the writer.
-        let mode: String = connection
-            .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
-            .map_err(sqlite("opened"))?;
+        let mode: String = retry_while_busy(|| {
+            connection.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+        })
+        .map_err(sqlite("opened"))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(AuditError::Storage {
                 path: path.to_owned(),
@@ -658,11 +659,34 @@ fn create_file(path: &Path) -> Result<(), AuditError> {
     Ok(())
 }
 
+/// Runs `step` again while SQLite answers busy, until [`BUSY_TIMEOUT`].
+/// Switching a fresh file to WAL needs the file to itself, and SQLite
+/// answers busy at once instead of calling the busy handler, so processes
+/// opening a new store together need this.
+fn retry_while_busy<T>(mut step: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match step() {
+            Err(error)
+                if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            result => return result,
+        }
+    }
+}
+
 /// Whether the file is an empty database to initialise (`true`) or already
 /// an airlock audit database (`false`); anything else is refused.
 fn check_identity(connection: &Connection, path: &Path) -> Result<bool, AuditError> {
     let sqlite = |error| AuditError::sqlite(path, "read", error, BUSY_TIMEOUT);
-    let application_id: i32 = connection
+    // One snapshot for both reads: another process may be initialising the
+    // file meanwhile, and its id without its tables (or the reverse) would
+    // look like a stranger's database.
+    let snapshot = connection.unchecked_transaction().map_err(sqlite)?;
+    let application_id: i32 = snapshot
         .pragma_query_value(None, "application_id", |row| row.get(0))
         .map_err(sqlite)?;
     if application_id == APPLICATION_ID {
@@ -677,7 +701,7 @@ fn check_identity(connection: &Connection, path: &Path) -> Result<bool, AuditErr
             "its SQLite application id is {application_id:#010x}, not airlock's {APPLICATION_ID:#010x}"
         )));
     }
-    let mut statement = connection
+    let mut statement = snapshot
         .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
         .map_err(sqlite)?;
     let tables = statement

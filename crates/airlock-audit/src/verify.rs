@@ -252,7 +252,11 @@ impl Walk {
 }
 
 fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result<VerifyReport> {
-    let head = read_head(connection)?;
+    let recorded_head = read_head(connection)?;
+    // A negative head is reported after the walk; the rows are checked first.
+    let head = recorded_head
+        .clone()
+        .and_then(|(seq, hash)| Some((u64::try_from(seq).ok()?, hash)));
     let mut statement = connection.prepare(&select_entries("ORDER BY seq"))?;
     let mut rows = statement.query([])?;
     let mut chain = Walk {
@@ -306,6 +310,26 @@ fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result
             };
             return Ok(chain.broken(seq, Some(entry.run_id), problem));
         }
+        if let Some((head_seq, head_hash)) = &head {
+            // The head moves in the same transaction as the row it names,
+            // so airlock never leaves a row past it.
+            if seq > *head_seq {
+                return Ok(chain.broken(
+                    seq,
+                    Some(entry.run_id),
+                    Problem::BeyondHead {
+                        head_seq: *head_seq,
+                    },
+                ));
+            }
+            if seq == *head_seq && *head_hash != entry.entry_hash {
+                let problem = Problem::HeadMismatch {
+                    head_hash: head_hash.clone(),
+                    entry_hash: entry.entry_hash,
+                };
+                return Ok(chain.broken(seq, Some(entry.run_id), problem));
+            }
+        }
         if let Some(anchor) =
             anchor.filter(|anchor| anchor.seq == seq && anchor.entry_hash != entry.entry_hash)
         {
@@ -324,37 +348,21 @@ fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result
             entry.run_id,
         ));
     }
-    let last_seq = chain.last_seq();
-    let Some((head_seq, head_hash)) = head else {
-        return Ok(chain.broken(last_seq + 1, None, Problem::HeadMissing));
+    let next_seq = chain.last_seq() + 1;
+    let head_seq = match (recorded_head, head) {
+        (None, _) => return Ok(chain.broken(next_seq, None, Problem::HeadMissing)),
+        (Some((seq, _)), None) => {
+            let reason = format!("the recorded head's sequence number {seq} is negative");
+            return Ok(chain.broken(next_seq, None, Problem::Unreadable { reason }));
+        }
+        (_, Some((head_seq, _))) => head_seq,
     };
-    let Ok(head_seq) = u64::try_from(head_seq) else {
-        let reason = format!("the recorded head's sequence number {head_seq} is negative");
-        return Ok(chain.broken(last_seq + 1, None, Problem::Unreadable { reason }));
-    };
-    if head_seq > last_seq {
-        return Ok(chain.broken(last_seq + 1, None, Problem::TailMissing { head_seq }));
+    if head_seq >= next_seq {
+        return Ok(chain.broken(next_seq, None, Problem::TailMissing { head_seq }));
     }
-    if head_seq < last_seq {
-        // Rows past the head are never written by airlock: the head moves in
-        // the same transaction as the row.
-        return Ok(chain.broken(head_seq + 1, None, Problem::BeyondHead { head_seq }));
-    }
-    let last_hash = chain
-        .last
-        .as_ref()
-        .map_or(GENESIS_HASH, |(head, _)| head.entry_hash.as_str());
-    if head_hash != last_hash {
-        let problem = Problem::HeadMismatch {
-            head_hash,
-            entry_hash: last_hash.to_owned(),
-        };
-        let run_id = chain.last.as_ref().map(|(_, run_id)| run_id.clone());
-        return Ok(chain.broken(last_seq, run_id, problem));
-    }
-    if let Some(anchor) = anchor.filter(|anchor| anchor.seq > last_seq) {
+    if let Some(anchor) = anchor.filter(|anchor| anchor.seq >= next_seq) {
         return Ok(chain.broken(
-            last_seq + 1,
+            next_seq,
             None,
             Problem::AnchorMissing {
                 anchor: anchor.clone(),
