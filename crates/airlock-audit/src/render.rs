@@ -39,12 +39,24 @@ pub fn render(run: &StoredRun) -> String {
     line(&mut out, "started", &safe(&record.started_at));
     line(&mut out, "usage", &usage_line(&record.usage));
     line(&mut out, "policy", &policy_line(&record.policy));
+    let hosts = record.policy.allow_hosts.as_deref().unwrap_or_default();
+    let network = if hosts.is_empty() {
+        "none".to_owned()
+    } else {
+        safe(&hosts.join(", "))
+    };
+    line(&mut out, "network", &network);
     let isolation = &record.isolation;
     let mut layers: Vec<&str> = isolation.layers.iter().map(|layer| layer.name()).collect();
     if layers.is_empty() {
-        layers.push("none");
+        layers.push("no layers recorded");
     }
-    let mut isolation_text = format!("{}: {}", safe(&isolation.backend), layers.join(", "));
+    let backend = if isolation.backend.is_empty() {
+        "backend unknown".to_owned()
+    } else {
+        safe(&isolation.backend)
+    };
+    let mut isolation_text = format!("{backend}: {}", layers.join(", "));
     if !isolation.degraded.is_empty() {
         let degraded: Vec<&str> = isolation
             .degraded
@@ -223,15 +235,6 @@ fn policy_line(policy: &PolicySpec) -> String {
         let names: Vec<String> = env.keys().map(|key| safe(key)).collect();
         add("env", Some(names.join(" ")));
     }
-    let hosts = policy.allow_hosts.as_deref().unwrap_or_default();
-    add(
-        "network",
-        Some(if hosts.is_empty() {
-            "none".to_owned()
-        } else {
-            safe(&hosts.join(" "))
-        }),
-    );
     if let Some(layers) = policy
         .allow_degraded
         .as_ref()

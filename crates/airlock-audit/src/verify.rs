@@ -34,19 +34,27 @@ impl fmt::Display for VerifyReport {
             (None, Some(head)) => {
                 write!(
                     f,
-                    "audit chain intact: {} entries, head {head}",
-                    self.entries_checked
+                    "audit chain intact: {}, head {head}",
+                    entries(self.entries_checked)
                 )
             }
             (Some(broken), _) => write!(
                 f,
-                "audit chain BROKEN at {broken}\n{} entries before it check out{}",
-                self.entries_checked,
+                "audit chain BROKEN at {broken}\n{} before it check out{}",
+                entries(self.entries_checked),
                 self.last_good
                     .as_ref()
                     .map_or(String::new(), |good| format!(", the last being {good}"))
             ),
         }
+    }
+}
+
+fn entries(count: u64) -> String {
+    if count == 1 {
+        "1 entry".to_owned()
+    } else {
+        format!("{count} entries")
     }
 }
 

@@ -413,7 +413,7 @@ fn show_puts_the_numbered_code_above_its_output_and_defuses_escape_sequences() {
         "usage       wall 1.234 s, cpu 0.800 s, peak memory 45 MiB",
         "timeout 20 s",
         "memory 512 MiB",
-        "network none",
+        "network     example.com",
         "isolation   linux: user_namespace, pid_namespace, seccomp (running without: landlock)",
         "input       /work/data.csv (12 B, sha256 aaaa",
         "artefact    /work/out.bin (6 B, sha256 bbbb",

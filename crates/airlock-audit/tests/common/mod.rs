@@ -9,8 +9,8 @@ use std::process::Command;
 
 use airlock_policy::{
     ArtifactRecord, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Layer,
-    Limit, NetworkEvent, NetworkRecord, NetworkVerdict, Policy, RECORD_SCHEMA_VERSION, RunRecord,
-    Status, Usage,
+    Limit, NetworkEvent, NetworkRecord, NetworkVerdict, Policy, PolicySpec, RECORD_SCHEMA_VERSION,
+    RunRecord, Status, Usage,
 };
 
 /// The environment variable that turns a test binary into a child helper.
@@ -37,7 +37,7 @@ pub fn record(id: &str, status: Status) -> RunRecord {
         code_sha256: airlock_core::sha256_hex(code.as_bytes()),
         code,
         language: Language::Python,
-        policy: Policy::default().to_spec(),
+        policy: PolicySpec { allow_hosts: Some(vec!["example.com".to_owned()]), ..Policy::default().to_spec() },
         inputs: vec![InputRecord { path: "/work/data.csv".to_owned(), bytes: 12, sha256: "a".repeat(64) }],
         artifacts: vec![ArtifactRecord {
             path: "/work/out.bin".to_owned(),
