@@ -23,11 +23,16 @@ fn main() -> anyhow::Result<ExitCode> {
         Some(path) => PathBuf::from(path),
         None => AuditStore::default_path()?,
     };
-    let store = AuditStore::open(&path)?;
     let command = if args.is_empty() {
         String::new()
     } else {
         args.remove(0)
+    };
+    // Only `demo` writes; reading a store that is not there is a wrong path.
+    let store = if command == "demo" {
+        AuditStore::open(&path)?
+    } else {
+        AuditStore::open_existing(&path)?
     };
     match command.as_str() {
         "verify" => {

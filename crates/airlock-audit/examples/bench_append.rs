@@ -39,15 +39,24 @@ impl Variant {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let option = |name: &str, default: &str| -> String {
-        args.iter().position(|a| a == name).and_then(|at| args.get(at + 1)).cloned().unwrap_or(default.to_owned())
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|at| args.get(at + 1))
+            .cloned()
+            .unwrap_or(default.to_owned())
     };
     let dir = PathBuf::from(option("--dir", "/tmp"));
     let rounds: usize = option("--rounds", "5").parse().context("--rounds")?;
     let appends: usize = option("--appends", "200").parse().context("--appends")?;
-    let stdout_bytes: usize = option("--stdout-bytes", "2000").parse().context("--stdout-bytes")?;
+    let stdout_bytes: usize = option("--stdout-bytes", "2000")
+        .parse()
+        .context("--stdout-bytes")?;
     let variants = [Variant::Store, Variant::PlainFull, Variant::PlainNormal];
 
-    println!("{appends} appends per round, {rounds} rounds, stdout {stdout_bytes} B per run, files in {}", dir.display());
+    println!(
+        "{appends} appends per round, {rounds} rounds, stdout {stdout_bytes} B per run, files in {}",
+        dir.display()
+    );
     let mut means: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
     let mut all: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
     for round in 0..rounds {
@@ -60,7 +69,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let baseline = median(&mut means[1].clone());
-    println!("{:<24} {:>12} {:>12} {:>12} {:>16}", "variant", "median mean", "p50", "p99", "vs plain FULL");
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:>16}",
+        "variant", "median mean", "p50", "p99", "vs plain FULL"
+    );
     for (index, variant) in variants.iter().enumerate() {
         let mean = median(&mut means[index]);
         all[index].sort();
@@ -95,7 +107,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Per-append latencies of `count` appends with `variant` into a fresh `path`.
-fn run(variant: Variant, path: &Path, count: usize, stdout_bytes: usize, round: usize) -> anyhow::Result<Vec<Duration>> {
+fn run(
+    variant: Variant,
+    path: &Path,
+    count: usize,
+    stdout_bytes: usize,
+    round: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let mut latencies = Vec::with_capacity(count);
     match variant {
         Variant::Store => {
@@ -109,16 +127,27 @@ fn run(variant: Variant, path: &Path, count: usize, stdout_bytes: usize, round: 
         }
         Variant::PlainFull | Variant::PlainNormal => {
             let connection = Connection::open(path)?;
-            let _: String = connection.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))?;
-            let synchronous = if matches!(variant, Variant::PlainFull) { "FULL" } else { "NORMAL" };
+            let _: String =
+                connection
+                    .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))?;
+            let synchronous = if matches!(variant, Variant::PlainFull) {
+                "FULL"
+            } else {
+                "NORMAL"
+            };
             connection.pragma_update(None, "synchronous", synchronous)?;
-            connection.execute_batch("CREATE TABLE runs (seq INTEGER PRIMARY KEY, run_id TEXT, record TEXT)")?;
+            connection.execute_batch(
+                "CREATE TABLE runs (seq INTEGER PRIMARY KEY, run_id TEXT, record TEXT)",
+            )?;
             for n in 0..count {
                 let record = made_up_run(&format!("{round}-{n}"), stdout_bytes);
                 let started = Instant::now();
                 // The serialisation is timed in both variants: append does it too.
                 let json = serde_json::to_string(&record)?;
-                connection.execute("INSERT INTO runs (run_id, record) VALUES (?1, ?2)", [&record.id, &json])?;
+                connection.execute(
+                    "INSERT INTO runs (run_id, record) VALUES (?1, ?2)",
+                    [&record.id, &json],
+                )?;
                 latencies.push(started.elapsed());
             }
         }

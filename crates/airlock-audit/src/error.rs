@@ -97,6 +97,13 @@ pub enum AuditError {
         source: airlock_core::SandboxError,
     },
 
+    /// [`crate::AuditStore::open_existing`] found no file.
+    #[error(
+        "there is no audit database at {path}; runs are recorded there once a server or \
+         `--audit` run has written one (set AIRLOCK_HOME if the data lives elsewhere)"
+    )]
+    Missing { path: PathBuf },
+
     /// Creating the file or its folder failed before SQLite was involved.
     #[error("could not create the audit database {path}: {source}")]
     Create {

@@ -266,6 +266,22 @@ impl AuditStore {
     /// by a newer airlock. An existing file's permissions are left as they are.
     pub fn open(path: &Path) -> Result<AuditStore, AuditError> {
         create_file(path)?;
+        AuditStore::open_file(path)
+    }
+
+    /// Opens the audit database at `path` only if the file exists: for
+    /// commands that read (`airlock audit verify`, `show`), where a missing
+    /// file means a wrong path, not a store to start.
+    pub fn open_existing(path: &Path) -> Result<AuditStore, AuditError> {
+        if !path.is_file() {
+            return Err(AuditError::Missing {
+                path: path.to_owned(),
+            });
+        }
+        AuditStore::open_file(path)
+    }
+
+    fn open_file(path: &Path) -> Result<AuditStore, AuditError> {
         let sqlite = |action: &'static str| {
             move |error| AuditError::sqlite(path, action, error, BUSY_TIMEOUT)
         };

@@ -83,6 +83,11 @@ impl fmt::Display for ChainBreak {
                 f,
                 "its content was edited: its fields hash to {computed_hash}, not to its stored hash {stored_hash}"
             ),
+            Problem::LinkBroken { prev_hash, .. } if seq == 1 => write!(
+                f,
+                "its link is broken: the first entry's prev_hash must be 64 zeros, but it names {prev_hash}; \
+                 entries before it were deleted and the rest renumbered, or this link was edited"
+            ),
             Problem::LinkBroken {
                 prev_hash,
                 previous_entry_hash,
@@ -207,7 +212,9 @@ impl AuditStore {
     /// when the file cannot be read; a broken chain is a report.
     ///
     /// Reads one consistent snapshot: appends made meanwhile are not seen,
-    /// and do not disturb the walk.
+    /// and do not disturb the walk. The walk holds this handle's connection
+    /// throughout, so a server that verifies while it records should verify
+    /// through a second `AuditStore` on the same file.
     pub fn verify(&self) -> Result<VerifyReport, AuditError> {
         self.walk(None)
     }

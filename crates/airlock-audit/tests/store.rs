@@ -461,3 +461,19 @@ fn show_says_when_an_entry_no_longer_matches_its_hash() {
         Some(Problem::ContentEdited { .. })
     ));
 }
+
+#[test]
+fn reading_commands_do_not_create_a_store_at_a_wrong_path() {
+    let (dir, path) = temp_db();
+    let wrong = dir.path().join("typo/audit.sqlite3");
+    let error = AuditStore::open_existing(&wrong).unwrap_err();
+    assert!(matches!(error, AuditError::Missing { .. }), "{error}");
+    assert!(error.to_string().contains("typo/audit.sqlite3"), "{error}");
+    assert!(!dir.path().join("typo").exists(), "nothing was created");
+    AuditStore::open(&path)
+        .unwrap()
+        .append(&record("r1", Status::Ok), None)
+        .unwrap();
+    let store = AuditStore::open_existing(&path).unwrap();
+    assert!(store.get("r1").unwrap().is_some());
+}

@@ -195,19 +195,27 @@ fn swapped_contents_are_caught_at_the_first_of_the_two() {
 
 #[test]
 fn renumbered_rows_break_the_chain() {
-    let (_dir, path, _) = chain();
-    // Delete entry 3 and close the gap by renumbering the rest.
-    edit(
-        &path,
-        "DELETE FROM runs WHERE seq = 3; UPDATE runs SET seq = seq - 1 WHERE seq > 3;",
-    );
-    let broken = first_break(&path);
-    assert_eq!(broken.seq, 3, "{broken}");
-    assert!(
-        matches!(broken.problem, Problem::LinkBroken { .. }),
-        "{broken}"
-    );
-    assert_eq!(python_break(&path), 3);
+    // Delete an entry and close the gap by renumbering the rest.
+    for (deleted, message) in [
+        (3, "entry 2 hashes to"),
+        (1, "the first entry's prev_hash must be 64 zeros"),
+    ] {
+        let (_dir, path, _) = chain();
+        edit(
+            &path,
+            &format!(
+                "DELETE FROM runs WHERE seq = {deleted}; UPDATE runs SET seq = seq - 1 WHERE seq > {deleted};"
+            ),
+        );
+        let broken = first_break(&path);
+        assert_eq!(broken.seq, deleted, "{broken}");
+        assert!(
+            matches!(broken.problem, Problem::LinkBroken { .. }),
+            "{broken}"
+        );
+        assert!(broken.to_string().contains(message), "{broken}");
+        assert_eq!(python_break(&path), deleted);
+    }
 }
 
 #[test]
