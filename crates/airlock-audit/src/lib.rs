@@ -1,0 +1,112 @@
+//! airlock's audit trail: every run recorded in one SQLite file, each entry
+//! chained to the one before by a hash, so that editing or deleting an entry
+//! shows.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), airlock_audit::AuditError> {
+//! # let record = airlock_policy::RunRecord::default();
+//! use airlock_audit::{AuditStore, ListFilter};
+//! let store = AuditStore::open(&AuditStore::default_path()?)?;
+//! let entry = store.append(&record, Some("ci-bot"))?;   // the token's name
+//! let run = store.get(&entry.run_id)?;                   // Option<StoredRun>
+//! let page = store.list(&ListFilter::default())?;        // newest first
+//! let report = store.verify()?;                          // names the first break
+//! if let Some(run) = run { print!("{}", airlock_audit::render(&run)); }
+//! # Ok(()) }
+//! ```
+//!
+//! # Durability
+//!
+//! The database runs in WAL mode with `synchronous=FULL`: each append is one
+//! transaction whose commit is synced to disk before `append` returns. A
+//! crash of the process or the machine at any moment leaves every entry
+//! `append` returned, and nothing of an append that had not returned except
+//! possibly that whole entry. A full disk makes `append` return
+//! [`AuditError::Storage`] (with [`AuditError::is_disk_full`]) and leaves
+//! the chain as it was.
+//!
+//! # What is stored
+//!
+//! One row per run in table `runs`, with the columns listings filter on and
+//! the whole record as JSON text (`record`): the code and its hash, the
+//! policy, the inputs' names and hashes, the status, the limits hit, stdout
+//! and stderr as capped in the record, the artefacts' and figures' hashes
+//! (never their contents: `content_base64` and `png_base64` are dropped),
+//! usage, the image, the isolation layers. `principal` is the name of the
+//! token that asked, never the token.
+//!
+//! ```sql
+//! runs (seq INTEGER PRIMARY KEY, run_id TEXT UNIQUE, recorded_at TEXT, started_at TEXT,
+//!       status TEXT, principal TEXT NULL, hash_version INTEGER, prev_hash TEXT,
+//!       entry_hash TEXT, record TEXT)
+//! chain_head (id = 1, seq INTEGER, entry_hash TEXT)       -- moved by every append
+//! schema_version (format = 'airlock-audit', version = 1, created_at TEXT)
+//! ```
+//!
+//! The SQLite header's application id is `0x4149524C` ("AIRL").
+//! `started_at` is the record's start time brought to
+//! `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC), which sorts as text in time order; a
+//! start time that is not RFC 3339 is kept as written.
+//!
+//! # The chain (hash version 1)
+//!
+//! Entries are numbered `seq` = 1, 2, 3... without gaps. Entry `n` holds
+//! `prev_hash`, the `entry_hash` of entry `n - 1`, or 64 zeros for entry 1.
+//! Its `entry_hash` is the lower-case hex SHA-256 of these bytes, in order:
+//!
+//! 1. the 22 ASCII bytes `airlock-audit-entry/1` followed by a newline (0x0A);
+//! 2. `seq` as an unsigned 64-bit big-endian integer (8 bytes);
+//! 3. the text columns `prev_hash`, `run_id`, `recorded_at`, `started_at`,
+//!    `status`, each as its UTF-8 byte length (unsigned 64-bit big-endian)
+//!    followed by its UTF-8 bytes;
+//! 4. `principal`: the byte 0x00 when it is NULL, else the byte 0x01
+//!    followed by its length and bytes as in 3;
+//! 5. `record`, as in 3: the exact stored JSON text, not a re-serialisation.
+//!
+//! Every field is length-prefixed, so no choice of contents makes two
+//! different entries hash the same bytes; and since the stored text is
+//! hashed as it is, a verifier needs SQLite and SHA-256, no JSON library.
+//! `hash_version` names the scheme; a later scheme would use a new domain
+//! tag and number, and old entries would keep theirs. `verify_chain.py`,
+//! beside this crate's `Cargo.toml`, is an independent implementation in
+//! 70 lines of Python's standard library, and the tests check it agrees.
+//!
+//! A verifier walks the rows in `seq` order and checks, for each: `seq` is
+//! one more than the last (else rows were deleted); `prev_hash` equals the
+//! previous `entry_hash`; the recomputed hash equals `entry_hash` (else the
+//! row was edited). Then the last entry must be the one `chain_head` names.
+//!
+//! # What can and cannot be detected
+//!
+//! Detected by [`AuditStore::verify`]: any edit of any stored field of any
+//! entry; a deleted entry anywhere but at the end; entries swapped or
+//! renumbered; an entry rewritten with a recomputed hash (its successor's
+//! link breaks); entries deleted from the end, or added at the end, without
+//! also moving `chain_head`.
+//!
+//! Not detected by `verify` alone: someone able to write the file can
+//! delete the last entries *and* move `chain_head` back, or rewrite the
+//! whole chain from some entry on, recomputing every hash; the chain is
+//! then consistent and only an outside copy of an earlier head tells. Note
+//! [`VerifyReport::last_good`] (or [`AuditStore::head`]) somewhere the
+//! writer of the file cannot change, and [`AuditStore::verify_anchored`]
+//! checks the chain still holds that entry unchanged. Deleting the whole
+//! file is likewise only visible from outside.
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod hash;
+mod render;
+mod store;
+mod time;
+mod verify;
+
+pub use error::AuditError;
+pub use hash::{EntryFields, GENESIS_HASH, HASH_VERSION};
+pub use render::render;
+pub use store::{
+    APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, ListFilter, Page, RunSummary,
+    SCHEMA_VERSION, StoredRun,
+};
+pub use verify::{ChainBreak, Problem, VerifyReport};
