@@ -140,7 +140,12 @@ impl Sandbox {
 
     /// A sandbox with `policy` running `runtime`.
     pub fn with_runtime(policy: Policy, runtime: Runtime) -> Result<Sandbox, Error> {
-        let backend = backend_for(policy.backend)?;
+        Sandbox::with_backend(backend_for(policy.backend)?, policy, runtime)
+    }
+
+    /// A sandbox made by a backend of the caller's (a Linux backend with its
+    /// helper at a given path, say).
+    pub fn with_backend(backend: &dyn Backend, policy: Policy, runtime: Runtime) -> Result<Sandbox, Error> {
         let instance = backend.create(&policy, &runtime)?;
         Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new() })
     }

@@ -1,0 +1,198 @@
+//! The harness the security suite and the end-to-end tests share: real
+//! sandboxes, the real helper and command, and checks that nothing was left
+//! behind on the host.
+
+// A test harness: a failure to set up is a failed test, said plainly.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use airlock::image::ImageStore;
+use airlock::{Policy, RunRecord, RunRequest, Runtime, Sandbox};
+use airlock_linux::LinuxBackend;
+
+/// The folder cargo put this build's binaries in (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    // target/debug/deps/<test>-<hash>
+    exe.parent().and_then(Path::parent).expect("test binaries live in target/<profile>/deps").to_owned()
+}
+
+/// The sandbox helper of this build.
+pub fn helper() -> PathBuf {
+    let path = bin_dir().join("airlock-init");
+    assert!(path.is_file(), "{} is missing: run the tests with `cargo test --workspace`", path.display());
+    path
+}
+
+/// The `airlock` command of this build.
+pub fn airlock_bin() -> PathBuf {
+    let path = bin_dir().join("airlock");
+    assert!(path.is_file(), "{} is missing: run the tests with `cargo test --workspace`", path.display());
+    path
+}
+
+/// airlock's data directory for tests: shared by every test and kept between
+/// runs, so the python-data image is built once.
+pub fn test_home() -> PathBuf {
+    let home = bin_dir().parent().expect("target/").join("airlock-test-home");
+    std::fs::create_dir_all(&home).expect("create the test home");
+    home
+}
+
+/// The Linux backend, with this build's helper.
+pub fn linux() -> &'static LinuxBackend {
+    static BACKEND: OnceLock<LinuxBackend> = OnceLock::new();
+    BACKEND.get_or_init(|| LinuxBackend::with_helper(helper()))
+}
+
+/// The host's own Python, without an image: fast, for the security suite.
+pub fn host_python() -> Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            airlock::interpreter::Interpreter::resolve("python3").expect("python3 on PATH").runtime()
+        })
+        .clone()
+}
+
+/// The python-data image (numpy, pandas, matplotlib, scipy), built on first use.
+pub fn data_image() -> Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            let store = ImageStore::at(test_home().join("images"));
+            let image = store
+                .get_or_build_default("python-data", &mut |e| eprintln!("building python-data: {e:?}"))
+                .expect("build the python-data image");
+            image.runtime()
+        })
+        .clone()
+}
+
+/// A sandbox with `policy` on the host's Python.
+pub fn sandbox(policy: Policy) -> Sandbox {
+    Sandbox::with_backend(linux(), policy, host_python()).expect("create a sandbox")
+}
+
+/// The default policy with a shorter wall clock, for tests that expect to end early.
+pub fn quick_policy(seconds: u64) -> Policy {
+    let mut policy = Policy::default();
+    policy.limits.wall_time = std::time::Duration::from_secs(seconds);
+    policy
+}
+
+/// Tests in one binary run on parallel threads of one process, so their
+/// cgroups share a name prefix. Ordinary runs share this lock; a test that
+/// checks what was left behind takes it alone ([`exclusive`]), so that it
+/// sees only its own run's leftovers.
+static RUNS: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    static HOLDS_EXCLUSIVE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Holds off every other run of this test binary while alive.
+pub struct Exclusive(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+
+impl Drop for Exclusive {
+    fn drop(&mut self) {
+        HOLDS_EXCLUSIVE.with(|h| h.set(false));
+    }
+}
+
+/// Takes the run lock alone: other tests' runs wait until it is dropped.
+pub fn exclusive() -> Exclusive {
+    let guard = RUNS.write().unwrap_or_else(|e| e.into_inner());
+    HOLDS_EXCLUSIVE.with(|h| h.set(true));
+    Exclusive(guard)
+}
+
+fn shared() -> Option<RwLockReadGuard<'static, ()>> {
+    // The thread holding the exclusive lock runs under it.
+    if HOLDS_EXCLUSIVE.with(|h| h.get()) {
+        return None;
+    }
+    Some(RUNS.read().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Runs Python code in a fresh sandbox with `policy`.
+pub fn python(policy: Policy, code: &str) -> RunRecord {
+    let _guard = shared();
+    sandbox(policy).run(code)
+}
+
+/// Runs shell code in a fresh sandbox with `policy`.
+pub fn shell(policy: Policy, code: &str) -> RunRecord {
+    let _guard = shared();
+    sandbox(policy).run_request(&RunRequest::shell(code))
+}
+
+/// The `airlock` command, with this build's helper and the test home.
+pub fn airlock_command() -> Command {
+    let mut cmd = Command::new(airlock_bin());
+    cmd.env("AIRLOCK_INIT", helper()).env("AIRLOCK_HOME", test_home());
+    cmd
+}
+
+/// Everything this test process made that could outlive a run: cgroups
+/// named for this process, and processes whose command line holds `marker`.
+pub fn leftovers(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let prefix = format!("airlock-{}-", std::process::id());
+    for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("");
+        if fstype == "cgroup" || fstype == "cgroup2" {
+            let Some(mount) = fields.get(4) else { continue };
+            walk_cgroups(Path::new(mount), &prefix, &mut found);
+        }
+        if line.contains("airlock") && fstype != "cgroup" && fstype != "cgroup2" {
+            found.push(format!("mount: {line}"));
+        }
+    }
+    if !marker.is_empty() {
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(marker) {
+                found.push(format!("process {}: {}", entry.file_name().to_string_lossy(), String::from_utf8_lossy(&cmdline)));
+            }
+        }
+    }
+    found
+}
+
+fn walk_cgroups(dir: &Path, prefix: &str, found: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with(prefix) {
+                found.push(format!("cgroup: {}", entry.path().display()));
+            } else if dir.components().count() < 12 {
+                walk_cgroups(&entry.path(), prefix, found);
+            }
+        }
+    }
+}
+
+/// Asserts nothing of the run outlived it. Call it while holding
+/// [`exclusive`], taken before the run.
+pub fn assert_nothing_left(marker: &str) {
+    // The kernel finishes tearing down a killed tree asynchronously; give it a moment.
+    for _ in 0..50 {
+        if leftovers(marker).is_empty() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left = leftovers(marker);
+    assert!(left.is_empty(), "left behind on the host: {left:#?}");
+}
+
+/// A unique marker for a test's processes.
+pub fn marker(name: &str) -> String {
+    format!("airlock-test-{name}-{}", std::process::id())
+}

@@ -1,0 +1,376 @@
+//! The security suite: code that tries to get out, run for real in the
+//! Linux sandbox, with the outcome checked inside and on the host.
+
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+
+use airlock::{Layer, Policy, Status};
+use airlock_tests::{assert_nothing_left, exclusive, marker, python, quick_policy, shell};
+
+fn ok_stdout(record: &airlock::RunRecord) -> &str {
+    assert_eq!(record.status, Status::Ok, "stderr: {}\nmessage: {:?}", record.stderr, record.message);
+    record.stdout.trim()
+}
+
+#[test]
+fn writes_to_host_files_go_nowhere() {
+    let _alone = exclusive();
+    let host_dir = tempfile::tempdir().unwrap();
+    let target = host_dir.path().join("planted");
+    let code = format!(
+        r#"
+import os
+hits = []
+for path in ["/etc/passwd", "/usr/bin/planted", "/root/planted", "/planted", "{target}", "/proc/sys/kernel/hostname"]:
+    try:
+        with open(path, "a") as f:
+            f.write("x")
+        hits.append(path)
+    except OSError as e:
+        pass
+print(hits)
+"#,
+        target = target.display()
+    );
+    let record = python(Policy::default(), &code);
+    assert_eq!(ok_stdout(&record), "[]");
+    assert!(!target.exists());
+    assert_nothing_left("");
+}
+
+#[test]
+fn host_folders_are_not_visible() {
+    let record = python(
+        Policy::default(),
+        r#"
+import os
+for d in ["/home", "/root", "/srv", "/var", "/run", "/etc", "/mnt", "/boot", "/sys"]:
+    try:
+        print(d, sorted(os.listdir(d)))
+    except OSError as e:
+        print(d, "absent")
+"#,
+    );
+    let out = ok_stdout(&record);
+    for absent in ["/home", "/srv", "/var", "/run", "/mnt", "/boot", "/sys"] {
+        assert!(out.contains(&format!("{absent} absent")), "{absent} must not exist:\n{out}");
+    }
+    // /etc is airlock's own, nothing from the host's.
+    assert!(out.contains("/etc ['group', 'hostname', 'hosts', 'nsswitch.conf', 'passwd']"), "{out}");
+    // /root holds at most the path to the Python installation, nothing of root's home.
+    let root_line = out.lines().find(|l| l.starts_with("/root ")).unwrap();
+    assert!(root_line == "/root absent" || root_line == "/root ['.pyenv']", "{root_line}");
+}
+
+#[test]
+fn host_files_are_out_of_reach_through_proc_and_leaked_descriptors() {
+    // A secret the test process holds open, without close-on-exec: a leak
+    // waiting to happen if any descriptor crossed into the sandbox.
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret = secret_dir.path().join("secret.txt");
+    std::fs::write(&secret, "the host's secret").unwrap();
+    let file = std::fs::File::open(&secret).unwrap();
+    let raw = file.as_raw_fd();
+    // SAFETY: clearing FD_CLOEXEC on a descriptor this test owns.
+    unsafe { libc::fcntl(raw, libc::F_SETFD, 0) };
+    let code = format!(
+        r#"
+import os
+found = []
+for fd in range(3, 256):
+    try:
+        os.fstat(fd)
+        found.append(("fd", fd))
+    except OSError:
+        pass
+for path in ["/proc/1/root{secret}", "/proc/self/root{secret}", "/proc/1/cwd", "/proc/{raw}/fd", "{secret}"]:
+    try:
+        with open(path) as f:
+            found.append((path, f.read()))
+    except OSError:
+        pass
+try:
+    found.append(("1/root", os.listdir("/proc/1/root")))
+except OSError:
+    pass
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            for fd in os.listdir(f"/proc/{{pid}}/fd"):
+                target = os.readlink(f"/proc/{{pid}}/fd/{{fd}}")
+                if "secret" in target:
+                    found.append((pid, target))
+        except OSError:
+            pass
+print(found)
+"#,
+        secret = secret.display()
+    );
+    let record = python(Policy::default(), &code);
+    drop(file);
+    assert_eq!(ok_stdout(&record), "[]");
+}
+
+#[test]
+fn only_three_descriptors_are_open() {
+    let record = shell(Policy::default(), "ls /proc/self/fd");
+    // `ls` opens the directory it lists: 3 is its own.
+    assert_eq!(ok_stdout(&record).split_whitespace().collect::<Vec<_>>(), ["0", "1", "2", "3"]);
+    // Python's listdir opens the directory too: 3 is its own.
+    let record = python(Policy::default(), "import os\nprint(sorted(int(x) for x in os.listdir('/proc/self/fd')))");
+    assert_eq!(ok_stdout(&record), "[0, 1, 2, 3]");
+}
+
+#[test]
+fn dev_holds_five_devices() {
+    let record = python(
+        Policy::default(),
+        r#"
+import os
+print(sorted(os.listdir("/dev")))
+opened = []
+for d in ["/dev/mem", "/dev/kmsg", "/dev/sda", "/dev/vda", "/dev/tty", "/dev/console", "/dev/ptmx", "/dev/net/tun"]:
+    try:
+        open(d, "rb").close()
+        opened.append(d)
+    except OSError:
+        pass
+try:
+    os.mknod("/tmp/mem", 0o600 | 0o020000, os.makedev(1, 1))
+    opened.append("mknod")
+except OSError:
+    pass
+with open("/dev/null", "w") as f:
+    f.write("fine")
+print(opened, open("/dev/zero", "rb").read(4), len(open("/dev/urandom", "rb").read(16)))
+"#,
+    );
+    let out = ok_stdout(&record);
+    assert!(
+        out.starts_with("['fd', 'full', 'null', 'random', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"),
+        "{out}"
+    );
+    assert!(out.ends_with("[] b'\\x00\\x00\\x00\\x00' 16"), "{out}");
+}
+
+#[test]
+fn no_capabilities_no_new_privileges_and_seccomp() {
+    let record = shell(Policy::default(), "grep -E '^(Cap[A-Za-z]+|NoNewPrivs|Seccomp):' /proc/self/status; id -u; id -g");
+    let out = ok_stdout(&record);
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(out.contains(&format!("{set}:\t0000000000000000")), "{set} not empty:\n{out}");
+    }
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    assert!(out.ends_with("1000\n1000"), "runs as an unprivileged uid and gid: {out}");
+    for layer in [Layer::UserNamespace, Layer::PidNamespace, Layer::NetworkNamespace, Layer::Seccomp, Layer::Landlock, Layer::Cgroups] {
+        assert!(record.isolation.layers.contains(&layer), "{layer} not in force: {:?}", record.isolation);
+    }
+}
+
+#[test]
+fn denied_system_calls_fail() {
+    let record = python(
+        Policy::default(),
+        r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return errno.errorcode.get(ctypes.get_errno(), "OK") if r == -1 else "OK"
+results = {
+    "unshare_user": call(272, 0x10000000),
+    "unshare_net": call(272, 0x40000000),
+    "clone3": call(435, 0, 0),
+    "io_uring_setup": call(425, 8, 0),
+    "bpf": call(321, 0, 0, 0),
+    "keyctl": call(250, 0, 0),
+    "add_key": call(248, 0, 0, 0, 0, 0),
+    "ptrace_attach_1": call(101, 16, 1, 0, 0),
+    "setns": call(308, 0, 0),
+    "mount": call(165, 0, 0, 0, 0, 0),
+    "pivot_root": call(155, 0, 0),
+    "perf_event_open": call(298, 0, 0, -1, -1, 0),
+    "userfaultfd": call(323, 0),
+    "init_module": call(175, 0, 0, 0),
+    "kexec_load": call(246, 0, 0, 0, 0),
+    "reboot": call(169, 0, 0, 0, 0),
+    "swapon": call(167, 0, 0),
+    "acct": call(163, 0),
+    "iopl": call(172, 3),
+    "personality_exec": call(135, 0x0400000),
+    "netlink_socket": call(41, 16, 3, 0),
+    "packet_socket": call(41, 17, 3, 0),
+    "process_vm_readv": call(310, 1, 0, 0, 0, 0, 0),
+}
+print(sorted(results.items()))
+"#,
+    );
+    let out = ok_stdout(&record);
+    assert!(out.contains("('clone3', 'ENOSYS')"), "{out}");
+    assert!(out.contains("('netlink_socket', 'EAFNOSUPPORT')"), "{out}");
+    assert!(out.contains("('packet_socket', 'EAFNOSUPPORT')"), "{out}");
+    assert!(!out.contains("'OK'"), "a denied call succeeded: {out}");
+    for name in ["unshare_user", "unshare_net", "io_uring_setup", "bpf", "keyctl", "ptrace_attach_1", "setns", "mount"] {
+        assert!(out.contains(&format!("('{name}', 'EPERM')")), "{name} not refused by the filter: {out}");
+    }
+    // The same from the shell's own tools.
+    let record = shell(Policy::default(), "unshare -U true; echo $?; unshare -n true 2>/dev/null; echo $?");
+    assert_eq!(ok_stdout(&record), "1\n1");
+}
+
+#[test]
+fn terminal_injection_is_refused_before_the_tty_layer() {
+    // TIOCSTI on the code's stdout (a pipe): the kernel would answer ENOTTY;
+    // EPERM shows the filter refused it first, high bits or not.
+    let record = python(
+        Policy::default(),
+        r#"
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for request in (0x5412, 0x541C, 0xdead00005412):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(16), ctypes.c_long(1), ctypes.c_ulong(request), ctypes.c_char_p(b"x"))
+    out.append(errno.errorcode.get(ctypes.get_errno(), "OK"))
+print(out)
+"#,
+    );
+    assert_eq!(ok_stdout(&record), "['EPERM', 'EPERM', 'EPERM']");
+}
+
+#[test]
+fn the_environment_holds_only_what_was_given() {
+    let mut policy = Policy::default();
+    policy.env.insert("GIVEN".to_owned(), "yes".to_owned());
+    let record = python(policy, "import os\nprint(sorted(os.environ.items()))");
+    let out = ok_stdout(&record);
+    assert_eq!(
+        out,
+        "[('GIVEN', 'yes'), ('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('MPLBACKEND', 'module://airlock_inline_backend'), \
+         ('MPLCONFIGDIR', '/tmp/.config/matplotlib'), ('PATH', '/usr/local/bin:/usr/bin:/bin'), ('TMPDIR', '/tmp')]"
+    );
+    // Nothing of this test process's environment (HOME, PATH, CARGO_*) crossed.
+    assert!(!out.contains("CARGO"), "{out}");
+}
+
+#[test]
+fn the_network_has_only_loopback() {
+    // A listener on the host's loopback: nothing from the sandbox may reach it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        r#"
+import socket
+out = []
+for host, port in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("169.254.169.254", 80), ("10.0.0.1", 80), ("::1", {port})]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect((host, port))
+        out.append((host, "connected"))
+    except OSError as e:
+        out.append((host, type(e).__name__))
+try:
+    socket.getaddrinfo("example.com", 80)
+    out.append(("dns", "resolved"))
+except OSError as e:
+    out.append(("dns", "failed"))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.sendto(b"x", ("8.8.8.8", 53))
+    out.append(("udp", "sent"))
+except OSError as e:
+    out.append(("udp", "failed"))
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    out.append(("raw", "opened"))
+except OSError:
+    out.append(("raw", "refused"))
+print(out)
+"#
+    );
+    let record = python(Policy::default(), &code);
+    let out = ok_stdout(&record);
+    assert!(!out.contains("connected") && !out.contains("resolved") && !out.contains("'sent'") && !out.contains("opened"), "{out}");
+    assert!(listener.accept().is_err(), "a connection reached the host");
+}
+
+#[test]
+fn an_abstract_socket_on_the_host_is_unreachable() {
+    let name = format!("airlock-test-abstract-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let code = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect('\\0{name}')\n    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)"
+    );
+    let record = python(Policy::default(), &code);
+    assert_eq!(ok_stdout(&record), "ConnectionRefusedError");
+    assert!(listener.accept().is_err());
+}
+
+#[test]
+fn a_daemon_left_behind_dies_with_the_run() {
+    let _alone = exclusive();
+    let marker = marker("daemon");
+    let code = format!(
+        r#"
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sh", ["sh", "-c", "exec -a {marker} sleep 1000"])
+    os._exit(0)
+os.wait()
+time.sleep(0.2)
+print("parent done")
+"#
+    );
+    let record = python(Policy::default(), &code);
+    assert_eq!(ok_stdout(&record), "parent done");
+    assert_nothing_left(&marker);
+}
+
+#[test]
+fn ignoring_sigterm_does_not_outlive_the_timeout() {
+    let _alone = exclusive();
+    let marker = marker("sigterm");
+    let code = format!(
+        r#"
+import signal, os
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    os.setsid()
+    os.execvp("sh", ["sh", "-c", "trap '' TERM; exec -a {marker} sleep 1000"])
+while True:
+    pass
+"#
+    );
+    let started = std::time::Instant::now();
+    let record = python(quick_policy(2), &code);
+    let took = started.elapsed();
+    assert_eq!(record.status, Status::Timeout, "{record:?}");
+    assert!(record.limits_hit.contains(&airlock::Limit::WallTime));
+    assert!(took < std::time::Duration::from_secs(3), "killed within a second of the limit, took {took:?}");
+    assert_nothing_left(&marker);
+}
+
+#[test]
+fn a_stopped_process_and_sleep_forever_end_at_the_deadline() {
+    let record = shell(quick_policy(1), "sleep 1000 & kill -STOP $!; sleep infinity");
+    assert_eq!(record.status, Status::Timeout);
+    assert!(record.usage.wall_ms >= 1000 && record.usage.wall_ms < 2000, "{:?}", record.usage);
+}
+
+#[test]
+fn read_from_the_terminal_is_impossible() {
+    let record = shell(Policy::default(), "test -t 0 && echo tty || echo notty; cat /dev/tty 2>&1 | head -c 40; read x; echo \"[$x]\"");
+    let out = ok_stdout(&record);
+    assert!(out.starts_with("notty"), "{out}");
+    assert!(out.ends_with("[]"), "stdin is /dev/null: {out}");
+}
