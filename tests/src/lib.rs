@@ -95,6 +95,7 @@ thread_local! {
 }
 
 /// Holds off every other run of this test binary while alive.
+#[derive(Debug)]
 pub struct Exclusive(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
 
 impl Drop for Exclusive {

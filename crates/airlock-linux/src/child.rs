@@ -171,7 +171,8 @@ fn sandbox_init(plan: &RunPlan, stdio: [OwnedFd; 3], socket: BorrowedFd<'_>) -> 
     let code = process::spawn_code(&exec, stdio, &plan.seccomp)?;
     // The init itself also runs under the filter from here on.
     sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
-    let (code_exit, signal) = process::reap_until(code);
-    let _ = protocol::send(socket, &Reply::Exited { code: code_exit, signal }, &[]);
+    let ended = process::reap_until(code, plan.open_files);
+    let reply = Reply::Exited { code: ended.code, signal: ended.signal, open_files_hit: ended.open_files_hit };
+    let _ = protocol::send(socket, &reply, &[]);
     std::process::exit(0);
 }

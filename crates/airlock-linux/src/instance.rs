@@ -95,6 +95,7 @@ impl Instance for LinuxInstance {
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
             rlimits: limits::for_policy(&self.policy, self.cgroups.is_none()),
+            open_files: u64::from(limits.open_files),
             landlock: (self.landlock_abi.is_some() || landlock_required).then(|| LandlockPlan {
                 writable_dirs: vec!["/work".to_owned(), "/tmp".to_owned()],
                 writable_files,

@@ -16,7 +16,9 @@ pub fn for_policy(policy: &Policy, without_cgroups: bool) -> Vec<Rlimit> {
     let mut limits = vec![
         both(RlimitResource::Core, 0),
         both(RlimitResource::NoFile, u64::from(l.open_files)),
-        both(RlimitResource::FileSize, l.disk_bytes),
+        // As large as the whole work tmpfs: a full disk shows as ENOSPC,
+        // not as a smaller file-size limit that would hide which was reached.
+        both(RlimitResource::FileSize, l.disk_bytes + crate::mounts::LAYOUT_BYTES),
         Rlimit { resource: RlimitResource::Cpu, soft: cpu_seconds, hard: cpu_seconds + 1 },
         both(RlimitResource::MemLock, 64 * 1024),
     ];

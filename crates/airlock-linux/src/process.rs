@@ -113,18 +113,64 @@ fn exec_code(exec: &Exec, stdio: [OwnedFd; 3], error_pipe: &OwnedFd, seccomp: &[
     format!("{error}")
 }
 
+/// How the code's process ended, as the sandbox's init saw it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CodeExit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Some process of the run held as many descriptors as its limit allows.
+    pub open_files_hit: bool,
+}
+
+/// How often the init looks at the run's open descriptors.
+const FD_SAMPLE: rustix::time::Timespec = rustix::time::Timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+
 /// Child side (sandbox init): reaps every process until `code` exits, and
-/// returns its exit code or signal.
-pub fn reap_until(code: i32) -> (Option<i32>, Option<i32>) {
+/// returns how it ended. Meanwhile it samples, every 10 ms, how many
+/// descriptors each process holds: the kernel counts no EMFILE failures, so
+/// this is how a run that reached its open-file limit is told apart (a
+/// process that reaches the limit and lets go within 10 ms can be missed).
+pub fn reap_until(code: i32, open_files: u64) -> CodeExit {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut exit = CodeExit::default();
+    let pidfd = rustix::process::Pid::from_raw(code)
+        .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
     loop {
-        match rustix::process::wait(WaitOptions::empty()) {
-            Ok(Some((pid, status))) if pid.as_raw_nonzero().get() == code => {
-                return (status.exit_status(), status.terminating_signal());
+        // Reap whatever ended: the code, or orphans it left to us.
+        loop {
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) if pid.as_raw_nonzero().get() == code => {
+                    exit.code = status.exit_status();
+                    exit.signal = status.terminating_signal();
+                    return exit;
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                // ECHILD: nothing left, which cannot happen before `code` is reaped.
+                Err(_) => return exit,
             }
-            Ok(_) => continue,
-            Err(rustix::io::Errno::INTR) => continue,
-            // ECHILD: nothing left, which cannot happen before `code` is reaped.
-            Err(_) => return (None, None),
+        }
+        if !exit.open_files_hit {
+            exit.open_files_hit = any_process_at_fd_limit(open_files);
+        }
+        match &pidfd {
+            Some(fd) => {
+                let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                let _ = poll(&mut fds, Some(&FD_SAMPLE));
+            }
+            None => {
+                let _ = rustix::thread::nanosleep(&FD_SAMPLE);
+            }
         }
     }
+}
+
+fn any_process_at_fd_limit(limit: u64) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return false };
+    procs.flatten().any(|entry| {
+        let name = entry.file_name();
+        let is_pid = name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()) && n != "1");
+        is_pid && std::fs::read_dir(entry.path().join("fd")).map(|fds| fds.count() as u64 >= limit).unwrap_or(false)
+    })
 }

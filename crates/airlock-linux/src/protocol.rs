@@ -93,6 +93,8 @@ pub struct RunPlan {
     pub env: Vec<String>,
     pub cwd: String,
     pub rlimits: Vec<Rlimit>,
+    /// The open-file limit, for telling whether the run reached it.
+    pub open_files: u64,
     pub landlock: Option<LandlockPlan>,
     pub seccomp: Vec<Instruction>,
 }
@@ -136,6 +138,8 @@ pub enum Reply {
     Exited {
         code: Option<i32>,
         signal: Option<i32>,
+        /// Some process held as many descriptors as its limit allows.
+        open_files_hit: bool,
     },
     /// A step failed; nothing after it ran.
     Failed(Failure),

@@ -91,8 +91,12 @@ pub fn run(
     let (wants_report, wants_proxy) = (plan.report_fifo, plan.proxy_listener);
     let request = Request::Run(Box::new(plan));
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
-    let (stdout_read, stdout_write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
-    let (stderr_read, stderr_write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+    // Only our ends are non-blocking: the code writes to a blocking pipe, as
+    // any program expects.
+    let (stdout_read, stdout_write) = pipe_with(PipeFlags::CLOEXEC)?;
+    let (stderr_read, stderr_write) = pipe_with(PipeFlags::CLOEXEC)?;
+    rustix::fs::fcntl_setfl(&stdout_read, rustix::fs::OFlags::NONBLOCK)?;
+    rustix::fs::fcntl_setfl(&stderr_read, rustix::fs::OFlags::NONBLOCK)?;
     // stdin: the caller's bytes through a pipe, or /dev/null.
     let (stdin_read, stdin_write) = if watch.stdin.is_empty() {
         let null = rustix::fs::open(
@@ -284,7 +288,10 @@ pub fn run(
                             kill_now(&init_pidfd);
                         }
                     }
-                    Reply::Exited { code, signal } => {
+                    Reply::Exited { code, signal, open_files_hit } => {
+                        if open_files_hit {
+                            observed.limits_hit.push(Limit::OpenFiles);
+                        }
                         ended_at = Some(Instant::now());
                         observed.exited = true;
                         observed.exit_code = code;
@@ -313,7 +320,10 @@ pub fn run(
     }
     while let Some((reply, _)) = recv_nonblocking(ours.as_fd()) {
         match reply {
-            Reply::Exited { code, signal } if !observed.exited => {
+            Reply::Exited { code, signal, open_files_hit } if !observed.exited => {
+                if open_files_hit {
+                    observed.limits_hit.push(Limit::OpenFiles);
+                }
                 ended_at.get_or_insert_with(Instant::now);
                 observed.exited = true;
                 observed.exit_code = code;

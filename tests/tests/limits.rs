@@ -1,0 +1,157 @@
+//! Every limit, reached for real: the run is stopped or refused by the
+//! kernel, the record names the limit, and the host is untouched.
+
+use std::time::Duration;
+
+use airlock::{Limit, OutputOverflow, Policy, RunRequest, Status};
+use airlock_tests::{assert_nothing_left, exclusive, marker, python, quick_policy, sandbox, shell};
+
+#[test]
+fn a_fork_bomb_hits_the_pids_limit_and_harms_nothing_outside() {
+    let _alone = exclusive();
+    let marker = marker("forkbomb");
+    let record = shell(quick_policy(3), &format!("bomb() {{ bomb | bomb & }}; bomb; sleep 10 # {marker}"));
+    assert!(matches!(record.status, Status::Timeout | Status::Ok | Status::Failed), "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::Pids), "{:?}", record.limits_hit);
+    // The host still forks.
+    assert!(std::process::Command::new("true").status().unwrap().success());
+    assert_nothing_left(&marker);
+}
+
+#[test]
+fn a_memory_bomb_is_killed_by_the_kernel_and_reported() {
+    let _alone = exclusive();
+    let mut policy = Policy::default();
+    policy.limits.memory_bytes = 128 << 20;
+    let record = python(policy, "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))");
+    assert_eq!(record.status, Status::MemoryLimit, "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::Memory));
+    assert_eq!(record.signal, Some(9));
+    let peak = record.usage.peak_memory_bytes.unwrap();
+    assert!(peak <= 130 << 20 && peak > 64 << 20, "peak {peak}");
+    assert_nothing_left("");
+}
+
+#[test]
+fn filling_the_disk_is_refused_by_the_filesystem() {
+    let mut policy = Policy::default();
+    policy.limits.disk_bytes = 8 << 20;
+    let record = python(
+        policy,
+        r#"
+import errno
+try:
+    with open("/work/big", "wb") as f:
+        while True:
+            f.write(b"x" * (1 << 20))
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"#,
+    );
+    assert_eq!(record.status, Status::Ok, "{record:?}");
+    assert_eq!(record.stdout.trim(), "ENOSPC");
+    assert!(record.limits_hit.contains(&Limit::Disk), "{:?}", record.limits_hit);
+}
+
+#[test]
+fn filling_the_inodes_is_refused_by_the_filesystem() {
+    let mut policy = Policy::default();
+    policy.limits.disk_inodes = 200;
+    let record = python(
+        policy,
+        r#"
+import errno, os
+n = 0
+try:
+    while True:
+        open(f"/tmp/f{n}", "w").close()
+        n += 1
+except OSError as e:
+    print(errno.errorcode[e.errno], n < 400)
+"#,
+    );
+    assert_eq!(record.stdout.trim(), "ENOSPC True", "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::Inodes), "{:?}", record.limits_hit);
+}
+
+#[test]
+fn a_flood_on_both_streams_is_cut_at_the_cap() {
+    let mut policy = quick_policy(10);
+    policy.limits.output_bytes = 100_000;
+    let record = python(
+        policy.clone(),
+        "import sys\nfor i in range(200000):\n    sys.stdout.write('o' * 100 + '\\n')\n    sys.stderr.write('e' * 100 + '\\n')\nprint('done', file=sys.stderr)",
+    );
+    assert_eq!(record.status, Status::Ok, "{:?}", record.message);
+    assert_eq!(record.stdout.len(), 100_000);
+    assert_eq!(record.stderr.len(), 100_000);
+    assert!(record.stdout_truncated && record.stderr_truncated);
+    assert!(record.limits_hit.contains(&Limit::Output));
+
+    policy.limits.output_overflow = OutputOverflow::Kill;
+    let record = shell(policy, "yes flood");
+    assert_eq!(record.status, Status::OutputLimit);
+    assert!(record.stdout_truncated);
+    assert_eq!(record.stdout.len(), 100_000);
+}
+
+#[test]
+fn cpu_time_is_limited_across_every_process() {
+    let mut policy = quick_policy(20);
+    policy.limits.cpu_time = Duration::from_secs(1);
+    policy.limits.cpus = 2.0_f64.min(airlock::host_facts().unwrap().cpus as f64);
+    let started = std::time::Instant::now();
+    // Two busy processes: neither alone reaches the limit quickly.
+    let record = shell(policy, "while :; do :; done & while :; do :; done");
+    assert_eq!(record.status, Status::CpuLimit, "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::CpuTime));
+    assert!(record.usage.cpu_ms.unwrap() >= 1000);
+    assert!(started.elapsed() < Duration::from_secs(5), "stopped near the CPU limit, not the wall limit");
+}
+
+#[test]
+fn the_open_file_limit_holds_and_is_reported() {
+    let mut policy = Policy::default();
+    policy.limits.open_files = 64;
+    let record = python(
+        policy,
+        r#"
+import errno, time
+held = []
+try:
+    while True:
+        held.append(open("/dev/null"))
+except OSError as e:
+    print(errno.errorcode[e.errno], len(held) < 64)
+time.sleep(0.3)
+"#,
+    );
+    assert_eq!(record.stdout.trim(), "EMFILE True", "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
+}
+
+#[test]
+fn usage_is_measured_not_made_up() {
+    let record = python(Policy::default(), "x = bytearray(50 << 20)\nx[::4096] = b'x' * len(x[::4096])");
+    assert_eq!(record.status, Status::Ok);
+    assert!(record.usage.peak_memory_bytes.unwrap() > 50 << 20, "{:?}", record.usage);
+    assert!(record.usage.cpu_ms.is_some());
+    assert!(record.usage.wall_ms > 0);
+}
+
+#[test]
+fn runs_in_one_sandbox_share_its_work_directory_and_nothing_else() {
+    let mut first = sandbox(Policy::default());
+    first.write("/work/in.txt", b"given").unwrap();
+    let record = first.run_request(&RunRequest::shell(
+        "cat /work/in.txt > /work/out.txt; echo left > /tmp/t; sleep 100 & echo $! > /work/pid",
+    ));
+    assert_eq!(record.status, Status::Ok);
+    let record = first.run_request(&RunRequest::shell(
+        "cat /work/out.txt; cat /tmp/t; kill -0 $(cat /work/pid) 2>/dev/null && echo alive || echo gone",
+    ));
+    assert_eq!(record.stdout, "givenleft\ngone\n", "{record:?}");
+    // A second sandbox sees none of it.
+    let record = sandbox(Policy::default()).run_request(&RunRequest::shell("ls -A /work /tmp | tr -s '\\n' ' '"));
+    assert_eq!(record.stdout.trim(), "/tmp: /work:", "{record:?}");
+}
