@@ -52,9 +52,7 @@ pub fn linux() -> &'static LinuxBackend {
 pub fn host_python() -> Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME
-        .get_or_init(|| {
-            airlock::interpreter::Interpreter::resolve("python3").expect("python3 on PATH").runtime()
-        })
+        .get_or_init(|| airlock::interpreter::Interpreter::resolve("python3").expect("python3 on PATH").runtime())
         .clone()
 }
 
@@ -158,7 +156,11 @@ pub fn leftovers(marker: &str) -> Vec<String> {
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             if String::from_utf8_lossy(&cmdline).contains(marker) {
-                found.push(format!("process {}: {}", entry.file_name().to_string_lossy(), String::from_utf8_lossy(&cmdline)));
+                found.push(format!(
+                    "process {}: {}",
+                    entry.file_name().to_string_lossy(),
+                    String::from_utf8_lossy(&cmdline)
+                ));
             }
         }
     }

@@ -155,7 +155,8 @@ print(opened, open("/dev/zero", "rb").read(4), len(open("/dev/urandom", "rb").re
 
 #[test]
 fn no_capabilities_no_new_privileges_and_seccomp() {
-    let record = shell(Policy::default(), "grep -E '^(Cap[A-Za-z]+|NoNewPrivs|Seccomp):' /proc/self/status; id -u; id -g");
+    let record =
+        shell(Policy::default(), "grep -E '^(Cap[A-Za-z]+|NoNewPrivs|Seccomp):' /proc/self/status; id -u; id -g");
     let out = ok_stdout(&record);
     for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
         assert!(out.contains(&format!("{set}:\t0000000000000000")), "{set} not empty:\n{out}");
@@ -163,7 +164,14 @@ fn no_capabilities_no_new_privileges_and_seccomp() {
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
     assert!(out.contains("Seccomp:\t2"), "{out}");
     assert!(out.ends_with("1000\n1000"), "runs as an unprivileged uid and gid: {out}");
-    for layer in [Layer::UserNamespace, Layer::PidNamespace, Layer::NetworkNamespace, Layer::Seccomp, Layer::Landlock, Layer::Cgroups] {
+    for layer in [
+        Layer::UserNamespace,
+        Layer::PidNamespace,
+        Layer::NetworkNamespace,
+        Layer::Seccomp,
+        Layer::Landlock,
+        Layer::Cgroups,
+    ] {
         assert!(record.isolation.layers.contains(&layer), "{layer} not in force: {:?}", record.isolation);
     }
 }
@@ -213,7 +221,8 @@ print(sorted(results.items()))
     assert!(out.contains("('netlink_socket', 'EAFNOSUPPORT')"), "{out}");
     assert!(out.contains("('packet_socket', 'EAFNOSUPPORT')"), "{out}");
     assert!(!out.contains("'OK'"), "a denied call succeeded: {out}");
-    for name in ["unshare_user", "unshare_net", "io_uring_setup", "bpf", "keyctl", "ptrace_attach_1", "setns", "mount"] {
+    for name in ["unshare_user", "unshare_net", "io_uring_setup", "bpf", "keyctl", "ptrace_attach_1", "setns", "mount"]
+    {
         assert!(out.contains(&format!("('{name}', 'EPERM')")), "{name} not refused by the filter: {out}");
     }
     // The same from the shell's own tools.
@@ -247,10 +256,13 @@ fn the_environment_holds_only_what_was_given() {
     policy.env.insert("GIVEN".to_owned(), "yes".to_owned());
     let record = python(policy, "import os\nprint(sorted(os.environ.items()))");
     let out = ok_stdout(&record);
+    let python_bin = airlock_tests::host_python().python.parent().unwrap().display().to_string();
     assert_eq!(
         out,
-        "[('GIVEN', 'yes'), ('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('MPLBACKEND', 'module://airlock_inline_backend'), \
-         ('MPLCONFIGDIR', '/tmp/.config/matplotlib'), ('PATH', '/usr/local/bin:/usr/bin:/bin'), ('TMPDIR', '/tmp')]"
+        format!(
+            "[('GIVEN', 'yes'), ('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('MPLBACKEND', 'module://airlock_inline_backend'), \
+             ('MPLCONFIGDIR', '/tmp/.config/matplotlib'), ('PATH', '{python_bin}:/usr/local/bin:/usr/bin:/bin'), ('TMPDIR', '/tmp')]"
+        )
     );
     // Nothing of this test process's environment (HOME, PATH, CARGO_*) crossed.
     assert!(!out.contains("CARGO"), "{out}");
@@ -296,7 +308,10 @@ print(out)
     );
     let record = python(Policy::default(), &code);
     let out = ok_stdout(&record);
-    assert!(!out.contains("connected") && !out.contains("resolved") && !out.contains("'sent'") && !out.contains("opened"), "{out}");
+    assert!(
+        !out.contains("connected") && !out.contains("resolved") && !out.contains("'sent'") && !out.contains("opened"),
+        "{out}"
+    );
     assert!(listener.accept().is_err(), "a connection reached the host");
 }
 
@@ -369,7 +384,10 @@ fn a_stopped_process_and_sleep_forever_end_at_the_deadline() {
 
 #[test]
 fn read_from_the_terminal_is_impossible() {
-    let record = shell(Policy::default(), "test -t 0 && echo tty || echo notty; cat /dev/tty 2>&1 | head -c 40; read x; echo \"[$x]\"");
+    let record = shell(
+        Policy::default(),
+        "test -t 0 && echo tty || echo notty; cat /dev/tty 2>&1 | head -c 40; read x; echo \"[$x]\"",
+    );
     let out = ok_stdout(&record);
     assert!(out.starts_with("notty"), "{out}");
     assert!(out.ends_with("[]"), "stdin is /dev/null: {out}");

@@ -67,7 +67,9 @@ fn copy_out_reads_regular_files_and_writes_plain_0644_files() {
     let mut sb = sandbox(Policy::default());
     let record = sb.run_request(&RunRequest {
         outputs: vec![out("/work/out.json", Some(&dest))],
-        ..RunRequest::python("open('/work/out.json', 'w').write('{\"x\": 1}')\nimport os\nos.chmod('/work/out.json', 0o4777)")
+        ..RunRequest::python(
+            "open('/work/out.json', 'w').write('{\"x\": 1}')\nimport os\nos.chmod('/work/out.json', 0o4777)",
+        )
     });
     let artifact = &record.artifacts[0];
     assert_eq!(artifact.error, None, "{record:?}");
@@ -88,7 +90,10 @@ fn copy_out_refuses_links_fifos_directories_and_oversized_files() {
     let mut sb = sandbox(policy);
     let started = Instant::now();
     let record = sb.run_request(&RunRequest {
-        outputs: ["link", "fifo", "dir", "big", "exact", "missing", "sub/escape"].iter().map(|p| out(p, None)).collect(),
+        outputs: ["link", "fifo", "dir", "big", "exact", "missing", "sub/escape"]
+            .iter()
+            .map(|p| out(p, None))
+            .collect(),
         ..RunRequest::shell(&format!(
             "ln -s {s} /work/link; mkfifo /work/fifo; mkdir /work/dir; head -c 1001 /dev/zero > /work/big; \
              head -c 1000 /dev/zero > /work/exact; ln -s / /work/sub",
@@ -97,7 +102,12 @@ fn copy_out_refuses_links_fifos_directories_and_oversized_files() {
     });
     assert!(started.elapsed() < Duration::from_secs(5), "copy-out blocked");
     let error = |p: &str| {
-        record.artifacts.iter().find(|a| a.path == format!("/work/{p}")).and_then(|a| a.error.clone()).unwrap_or_default()
+        record
+            .artifacts
+            .iter()
+            .find(|a| a.path == format!("/work/{p}"))
+            .and_then(|a| a.error.clone())
+            .unwrap_or_default()
     };
     assert!(error("link").contains("link"), "{}", error("link"));
     assert!(error("fifo").contains("FIFO"), "{}", error("fifo"));

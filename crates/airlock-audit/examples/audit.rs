@@ -23,85 +23,54 @@ fn main() -> anyhow::Result<ExitCode> {
         Some(path) => PathBuf::from(path),
         None => AuditStore::default_path()?,
     };
-    let command = if args.is_empty() {
-        String::new()
-    } else {
-        args.remove(0)
-    };
+    let command = if args.is_empty() { String::new() } else { args.remove(0) };
     // Only `demo` writes; reading a store that is not there is a wrong path.
-    let store = if command == "demo" {
-        AuditStore::open(&path)?
-    } else {
-        AuditStore::open_existing(&path)?
-    };
+    let store = if command == "demo" { AuditStore::open(&path)? } else { AuditStore::open_existing(&path)? };
     match command.as_str() {
         "verify" => {
             let report = match take_option(&mut args, "--anchor")? {
                 Some(text) => {
-                    let anchor = ChainHead::parse(&text)
-                        .context("--anchor takes SEQ:HASH, as verify prints it")?;
+                    let anchor = ChainHead::parse(&text).context("--anchor takes SEQ:HASH, as verify prints it")?;
                     store.verify_anchored(&anchor)?
                 }
                 None => store.verify()?,
             };
             println!("{report}");
-            return Ok(if report.is_intact() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
+            return Ok(if report.is_intact() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
         }
         "show" => {
-            let [run_id] = args.as_slice() else {
-                bail!("show takes one run id")
-            };
-            let run = store
-                .get(run_id)?
-                .with_context(|| format!("no run {run_id} in {}", path.display()))?;
+            let [run_id] = args.as_slice() else { bail!("show takes one run id") };
+            let run = store.get(run_id)?.with_context(|| format!("no run {run_id} in {}", path.display()))?;
             print!("{}", airlock_audit::render(&run));
         }
         "list" => {
             let filter = ListFilter {
                 status: take_option(&mut args, "--status")?
-                    .map(|name| {
-                        Status::parse(&name).with_context(|| format!("{name:?} is not a status"))
-                    })
+                    .map(|name| Status::parse(&name).with_context(|| format!("{name:?} is not a status")))
                     .transpose()?,
                 principal: take_option(&mut args, "--principal")?,
                 since: take_option(&mut args, "--since")?,
                 until: take_option(&mut args, "--until")?,
-                limit: take_option(&mut args, "--limit")?
-                    .map(|n| n.parse())
-                    .transpose()?,
+                limit: take_option(&mut args, "--limit")?.map(|n| n.parse()).transpose()?,
                 cursor: take_option(&mut args, "--cursor")?,
             };
             let page = store.list(&filter)?;
             for run in &page.runs {
                 let who = run.principal.as_deref().unwrap_or("-");
-                println!(
-                    "{:>6}  {}  {}  {:<13}  {who}",
-                    run.seq,
-                    run.started_at,
-                    run.run_id,
-                    run.status.name()
-                );
+                println!("{:>6}  {}  {}  {:<13}  {who}", run.seq, run.started_at, run.run_id, run.status.name());
             }
             if let Some(cursor) = page.next_cursor {
                 println!("more: --cursor {cursor}");
             }
         }
         "demo" => {
-            let [count] = args.as_slice() else {
-                bail!("demo takes a count")
-            };
+            let [count] = args.as_slice() else { bail!("demo takes a count") };
             for n in 0..count.parse::<u32>()? {
                 let entry = store.append(&made_up_run(n), Some("demo"))?;
                 println!("{} {}", entry.seq, entry.run_id);
             }
         }
-        _ => bail!(
-            "usage: audit [--db FILE] verify [--anchor SEQ:HASH] | show RUN_ID | list [filters] | demo N"
-        ),
+        _ => bail!("usage: audit [--db FILE] verify [--anchor SEQ:HASH] | show RUN_ID | list [filters] | demo N"),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -133,11 +102,7 @@ fn made_up_run(n: u32) -> RunRecord {
         code,
         policy: Policy::default().to_spec(),
         value: Some((total * 2).to_string()),
-        usage: Usage {
-            wall_ms: 40 + u64::from(n % 7),
-            cpu_ms: Some(30),
-            peak_memory_bytes: Some(9 << 20),
-        },
+        usage: Usage { wall_ms: 40 + u64::from(n % 7), cpu_ms: Some(30), peak_memory_bytes: Some(9 << 20) },
         ..RunRecord::default()
     }
 }

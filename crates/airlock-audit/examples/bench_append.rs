@@ -39,18 +39,12 @@ impl Variant {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let option = |name: &str, default: &str| -> String {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|at| args.get(at + 1))
-            .cloned()
-            .unwrap_or(default.to_owned())
+        args.iter().position(|a| a == name).and_then(|at| args.get(at + 1)).cloned().unwrap_or(default.to_owned())
     };
     let dir = PathBuf::from(option("--dir", "/tmp"));
     let rounds: usize = option("--rounds", "5").parse().context("--rounds")?;
     let appends: usize = option("--appends", "200").parse().context("--appends")?;
-    let stdout_bytes: usize = option("--stdout-bytes", "2000")
-        .parse()
-        .context("--stdout-bytes")?;
+    let stdout_bytes: usize = option("--stdout-bytes", "2000").parse().context("--stdout-bytes")?;
     let variants = [Variant::Store, Variant::PlainFull, Variant::PlainNormal];
 
     println!(
@@ -69,10 +63,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let baseline = median(&mut means[1].clone());
-    println!(
-        "{:<24} {:>12} {:>12} {:>12} {:>16}",
-        "variant", "median mean", "p50", "p99", "vs plain FULL"
-    );
+    println!("{:<24} {:>12} {:>12} {:>12} {:>16}", "variant", "median mean", "p50", "p99", "vs plain FULL");
     for (index, variant) in variants.iter().enumerate() {
         let mean = median(&mut means[index]);
         all[index].sort();
@@ -127,27 +118,16 @@ fn run(
         }
         Variant::PlainFull | Variant::PlainNormal => {
             let connection = Connection::open(path)?;
-            let _: String =
-                connection
-                    .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))?;
-            let synchronous = if matches!(variant, Variant::PlainFull) {
-                "FULL"
-            } else {
-                "NORMAL"
-            };
+            let _: String = connection.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))?;
+            let synchronous = if matches!(variant, Variant::PlainFull) { "FULL" } else { "NORMAL" };
             connection.pragma_update(None, "synchronous", synchronous)?;
-            connection.execute_batch(
-                "CREATE TABLE runs (seq INTEGER PRIMARY KEY, run_id TEXT, record TEXT)",
-            )?;
+            connection.execute_batch("CREATE TABLE runs (seq INTEGER PRIMARY KEY, run_id TEXT, record TEXT)")?;
             for n in 0..count {
                 let record = made_up_run(&format!("{round}-{n}"), stdout_bytes);
                 let started = Instant::now();
                 // The serialisation is timed in both variants: append does it too.
                 let json = serde_json::to_string(&record)?;
-                connection.execute(
-                    "INSERT INTO runs (run_id, record) VALUES (?1, ?2)",
-                    [&record.id, &json],
-                )?;
+                connection.execute("INSERT INTO runs (run_id, record) VALUES (?1, ?2)", [&record.id, &json])?;
                 latencies.push(started.elapsed());
             }
         }

@@ -23,22 +23,13 @@ pub enum AuditError {
         "{path} holds audit schema version {found}, newer than the {supported} this airlock \
          understands; use a newer airlock to read it"
     )]
-    NewerSchema {
-        path: PathBuf,
-        found: i64,
-        supported: i64,
-    },
+    NewerSchema { path: PathBuf, found: i64, supported: i64 },
 
     /// The file could not be read or written: a full disk, a read-only file
     /// system, an I/O error. Nothing was half written: the transaction was
     /// rolled back and the chain is as it was before the call.
     #[error("the audit database {path} could not be {action}: {cause}")]
-    Storage {
-        path: PathBuf,
-        action: &'static str,
-        cause: String,
-        disk_full: bool,
-    },
+    Storage { path: PathBuf, action: &'static str, cause: String, disk_full: bool },
 
     /// Another writer held the database longer than the busy timeout.
     #[error(
@@ -49,25 +40,15 @@ pub enum AuditError {
 
     /// SQLite reports the file damaged (not an edit of the chain, which
     /// `verify` reports, but a file SQLite itself cannot read).
-    #[error(
-        "the audit database {path} is damaged: {cause}; keep a copy and run `sqlite3 {path} .recover`"
-    )]
+    #[error("the audit database {path} is damaged: {cause}; keep a copy and run `sqlite3 {path} .recover`")]
     Corrupt { path: PathBuf, cause: String },
 
     /// A stored row could not be read back as a run record.
-    #[error(
-        "entry {seq} of the audit database {path} cannot be read: {reason}; run `airlock audit verify`"
-    )]
-    UnreadableEntry {
-        path: PathBuf,
-        seq: i64,
-        reason: String,
-    },
+    #[error("entry {seq} of the audit database {path} cannot be read: {reason}; run `airlock audit verify`")]
+    UnreadableEntry { path: PathBuf, seq: i64, reason: String },
 
     /// The run id is already in the store; each run is recorded once.
-    #[error(
-        "run {run_id} is already recorded in the audit database (entry {seq}); a run is recorded once"
-    )]
+    #[error("run {run_id} is already recorded in the audit database (entry {seq}); a run is recorded once")]
     Duplicate { run_id: String, seq: u64 },
 
     /// The record cannot be stored as it is.
@@ -75,20 +56,12 @@ pub enum AuditError {
     BadRecord { reason: String },
 
     /// The principal is not a usable name.
-    #[error(
-        "principal {principal:?} is not usable: {reason}; pass the token's name, never the token"
-    )]
-    BadPrincipal {
-        principal: String,
-        reason: &'static str,
-    },
+    #[error("principal {principal:?} is not usable: {reason}; pass the token's name, never the token")]
+    BadPrincipal { principal: String, reason: &'static str },
 
     /// A listing filter that cannot be applied.
     #[error("{field}: {message}")]
-    BadFilter {
-        field: &'static str,
-        message: String,
-    },
+    BadFilter { field: &'static str, message: String },
 
     /// airlock's data directory is unknown, so the default path is too.
     #[error("cannot tell where the audit database goes: {source}")]
@@ -124,53 +97,31 @@ impl AuditError {
         let path = path.to_owned();
         let message = error.to_string();
         match error.sqlite_error_code() {
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => AuditError::Busy {
-                path,
-                waited: busy_timeout,
-            },
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+                AuditError::Busy { path, waited: busy_timeout }
+            }
             Some(ErrorCode::DiskFull) => AuditError::Storage {
                 path,
                 action,
-                cause: format!(
-                    "the disk is full ({message}); free space on the file system that holds it"
-                ),
+                cause: format!("the disk is full ({message}); free space on the file system that holds it"),
                 disk_full: true,
             },
-            Some(ErrorCode::NotADatabase) => AuditError::NotAuditDatabase {
-                path,
-                reason: message,
-            },
-            Some(ErrorCode::DatabaseCorrupt) => AuditError::Corrupt {
-                path,
-                cause: message,
-            },
-            Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied | ErrorCode::CannotOpen) => {
-                AuditError::Storage {
-                    path,
-                    action,
-                    cause: format!(
-                        "{message}; check that airlock may write the file, its -wal and -shm companions and its folder"
-                    ),
-                    disk_full: false,
-                }
-            }
-            _ => AuditError::Storage {
+            Some(ErrorCode::NotADatabase) => AuditError::NotAuditDatabase { path, reason: message },
+            Some(ErrorCode::DatabaseCorrupt) => AuditError::Corrupt { path, cause: message },
+            Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied | ErrorCode::CannotOpen) => AuditError::Storage {
                 path,
                 action,
-                cause: message,
+                cause: format!(
+                    "{message}; check that airlock may write the file, its -wal and -shm companions and its folder"
+                ),
                 disk_full: false,
             },
+            _ => AuditError::Storage { path, action, cause: message, disk_full: false },
         }
     }
 
     /// Whether the error is a full disk: the server answers 507, not 500.
     pub fn is_disk_full(&self) -> bool {
-        matches!(
-            self,
-            AuditError::Storage {
-                disk_full: true,
-                ..
-            }
-        )
+        matches!(self, AuditError::Storage { disk_full: true, .. })
     }
 }

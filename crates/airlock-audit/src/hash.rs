@@ -38,13 +38,7 @@ impl EntryFields<'_> {
         let mut hasher = Sha256::new();
         hasher.update(DOMAIN_V1);
         hasher.update(self.seq.to_be_bytes());
-        for text in [
-            self.prev_hash,
-            self.run_id,
-            self.recorded_at,
-            self.started_at,
-            self.status,
-        ] {
+        for text in [self.prev_hash, self.run_id, self.recorded_at, self.started_at, self.status] {
             update_text(&mut hasher, text);
         }
         match self.principal {
@@ -87,10 +81,7 @@ mod tests {
     /// `entry_hash` in verify_chain.py (Python's hashlib and struct).
     #[test]
     fn the_scheme_is_the_documented_one() {
-        assert_eq!(
-            fields().hash(),
-            "def5b2eb2b9eecee00a841b04c5fffe11846413ff87d0f1b80791d9d79d7dca0"
-        );
+        assert_eq!(fields().hash(), "def5b2eb2b9eecee00a841b04c5fffe11846413ff87d0f1b80791d9d79d7dca0");
         let hash = "ab".repeat(32);
         let with_principal = EntryFields {
             seq: 7,
@@ -100,10 +91,7 @@ mod tests {
             record: "{\"x\":\"é\"}",
             ..fields()
         };
-        assert_eq!(
-            with_principal.hash(),
-            "173c9c106c63a06e4b96708053a690d63b7b948af1be948e2536bcbe7bdcfdac"
-        );
+        assert_eq!(with_principal.hash(), "173c9c106c63a06e4b96708053a690d63b7b948af1be948e2536bcbe7bdcfdac");
     }
 
     #[test]
@@ -111,47 +99,19 @@ mod tests {
         let base = fields();
         let variants = [
             EntryFields { seq: 2, ..base },
-            EntryFields {
-                prev_hash: "1",
-                ..base
-            },
-            EntryFields {
-                run_id: "r2",
-                ..base
-            },
-            EntryFields {
-                recorded_at: "x",
-                ..base
-            },
-            EntryFields {
-                started_at: "x",
-                ..base
-            },
-            EntryFields {
-                status: "failed",
-                ..base
-            },
-            EntryFields {
-                principal: Some(""),
-                ..base
-            },
-            EntryFields {
-                record: "{ }",
-                ..base
-            },
+            EntryFields { prev_hash: "1", ..base },
+            EntryFields { run_id: "r2", ..base },
+            EntryFields { recorded_at: "x", ..base },
+            EntryFields { started_at: "x", ..base },
+            EntryFields { status: "failed", ..base },
+            EntryFields { principal: Some(""), ..base },
+            EntryFields { record: "{ }", ..base },
             // Moving a character from one field to the next changes the hash.
-            EntryFields {
-                run_id: "r",
-                recorded_at: "12026-01-01T00:00:00.000Z",
-                ..base
-            },
+            EntryFields { run_id: "r", recorded_at: "12026-01-01T00:00:00.000Z", ..base },
         ];
         let mut seen = std::collections::BTreeSet::from([base.hash()]);
         for variant in variants {
-            assert!(
-                seen.insert(variant.hash()),
-                "{variant:?} hashes like another entry"
-            );
+            assert!(seen.insert(variant.hash()), "{variant:?} hashes like another entry");
         }
     }
 }

@@ -106,7 +106,7 @@ pub use error::AuditError;
 pub use hash::{EntryFields, GENESIS_HASH, HASH_VERSION};
 pub use render::render;
 pub use store::{
-    APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, ListFilter, Page, RunSummary,
-    SCHEMA_VERSION, StoredRun,
+    APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, ListFilter, Page, RunSummary, SCHEMA_VERSION,
+    StoredRun,
 };
 pub use verify::{ChainBreak, Problem, VerifyReport};

@@ -14,19 +14,11 @@ pub fn render(run: &StoredRun) -> String {
     let record = &run.record;
     let entry = &run.entry;
     let mut out = String::new();
-    let by = entry
-        .principal
-        .as_deref()
-        .map_or(String::new(), |name| format!(", asked by {}", safe(name)));
+    let by = entry.principal.as_deref().map_or(String::new(), |name| format!(", asked by {}", safe(name)));
     line(
         &mut out,
         "run",
-        &format!(
-            "{} (entry {}, recorded {}{by})",
-            safe(&entry.run_id),
-            entry.seq,
-            entry.recorded_at
-        ),
+        &format!("{} (entry {}, recorded {}{by})", safe(&entry.run_id), entry.seq, entry.recorded_at),
     );
     line(&mut out, "status", &status_line(record));
     if !record.limits_hit.is_empty() {
@@ -40,50 +32,25 @@ pub fn render(run: &StoredRun) -> String {
     line(&mut out, "usage", &usage_line(&record.usage));
     line(&mut out, "policy", &policy_line(&record.policy));
     let hosts = record.policy.allow_hosts.as_deref().unwrap_or_default();
-    let network = if hosts.is_empty() {
-        "none".to_owned()
-    } else {
-        safe(&hosts.join(", "))
-    };
+    let network = if hosts.is_empty() { "none".to_owned() } else { safe(&hosts.join(", ")) };
     line(&mut out, "network", &network);
     let isolation = &record.isolation;
     let mut layers: Vec<&str> = isolation.layers.iter().map(|layer| layer.name()).collect();
     if layers.is_empty() {
         layers.push("no layers recorded");
     }
-    let backend = if isolation.backend.is_empty() {
-        "backend unknown".to_owned()
-    } else {
-        safe(&isolation.backend)
-    };
+    let backend = if isolation.backend.is_empty() { "backend unknown".to_owned() } else { safe(&isolation.backend) };
     let mut isolation_text = format!("{backend}: {}", layers.join(", "));
     if !isolation.degraded.is_empty() {
-        let degraded: Vec<&str> = isolation
-            .degraded
-            .iter()
-            .map(|layer| layer.name())
-            .collect();
-        let _ = write!(
-            isolation_text,
-            " (running without: {})",
-            degraded.join(", ")
-        );
+        let degraded: Vec<&str> = isolation.degraded.iter().map(|layer| layer.name()).collect();
+        let _ = write!(isolation_text, " (running without: {})", degraded.join(", "));
     }
     line(&mut out, "isolation", &isolation_text);
     if let Some(image) = &record.image {
-        line(
-            &mut out,
-            "image",
-            &format!("{} ({})", safe(&image.name), safe(&image.hash)),
-        );
+        line(&mut out, "image", &format!("{} ({})", safe(&image.name), safe(&image.hash)));
     }
     for input in &record.inputs {
-        let text = format!(
-            "{} ({}, sha256 {})",
-            safe(&input.path),
-            bytes(input.bytes),
-            safe(&input.sha256)
-        );
+        let text = format!("{} ({}, sha256 {})", safe(&input.path), bytes(input.bytes), safe(&input.sha256));
         line(&mut out, "input", &text);
     }
     for artifact in &record.artifacts {
@@ -116,10 +83,7 @@ pub fn render(run: &StoredRun) -> String {
                 airlock_policy::NetworkVerdict::Allowed => "allowed",
                 airlock_policy::NetworkVerdict::Denied => "denied",
             };
-            let reason = connection
-                .reason
-                .as_deref()
-                .map_or(String::new(), |why| format!(": {}", safe(why)));
+            let reason = connection.reason.as_deref().map_or(String::new(), |why| format!(": {}", safe(why)));
             let text = format!(
                 "{}:{} {verdict}{reason} ({} out, {} in)",
                 safe(&connection.host),
@@ -135,45 +99,20 @@ pub fn render(run: &StoredRun) -> String {
     } else {
         "DOES NOT match its content: the entry was edited; run `airlock audit verify`"
     };
-    line(
-        &mut out,
-        "entry hash",
-        &format!("{} ({integrity})", entry.entry_hash),
-    );
+    line(&mut out, "entry hash", &format!("{} ({integrity})", entry.entry_hash));
     line(&mut out, "prev hash", &entry.prev_hash);
 
     let error_line = record.error.as_ref().and_then(|error| error.line);
-    section(
-        &mut out,
-        &format!(
-            "code ({}, sha256 {})",
-            record.language,
-            safe(&record.code_sha256)
-        ),
-    );
+    section(&mut out, &format!("code ({}, sha256 {})", record.language, safe(&record.code_sha256)));
     numbered_code(&mut out, &record.code, error_line);
-    stream(
-        &mut out,
-        "stdout",
-        &record.stdout,
-        record.stdout_truncated,
-        record.stdout_base64.is_some(),
-    );
-    stream(
-        &mut out,
-        "stderr",
-        &record.stderr,
-        record.stderr_truncated,
-        record.stderr_base64.is_some(),
-    );
+    stream(&mut out, "stdout", &record.stdout, record.stdout_truncated, record.stdout_base64.is_some());
+    stream(&mut out, "stderr", &record.stderr, record.stderr_truncated, record.stderr_base64.is_some());
     if let Some(value) = &record.value {
         section(&mut out, "value");
         block(&mut out, value);
     }
     if let Some(error) = &record.error {
-        let at = error
-            .line
-            .map_or(String::new(), |line| format!(" at line {line}"));
+        let at = error.line.map_or(String::new(), |line| format!(" at line {line}"));
         section(&mut out, &format!("error: {}{at}", safe(&error.kind)));
         block(&mut out, &error.message);
         if !error.traceback.is_empty() {
@@ -224,22 +163,13 @@ fn policy_line(policy: &PolicySpec) -> String {
     add("disk", policy.disk_mb.map(|mb| format!("{mb} MiB")));
     add("inodes", policy.disk_inodes.map(|n| n.to_string()));
     add("open files", policy.open_files.map(|n| n.to_string()));
-    add(
-        "output",
-        policy
-            .max_output_bytes
-            .map(|n| format!("{} per stream", bytes(n))),
-    );
+    add("output", policy.max_output_bytes.map(|n| format!("{} per stream", bytes(n))));
     add("files in/out", policy.max_file_bytes.map(bytes));
     if let Some(env) = policy.env.as_ref().filter(|env| !env.is_empty()) {
         let names: Vec<String> = env.keys().map(|key| safe(key)).collect();
         add("env", Some(names.join(" ")));
     }
-    if let Some(layers) = policy
-        .allow_degraded
-        .as_ref()
-        .filter(|layers| !layers.is_empty())
-    {
+    if let Some(layers) = policy.allow_degraded.as_ref().filter(|layers| !layers.is_empty()) {
         add("may run without", Some(safe(&layers.join(" "))));
     }
     parts.join(", ")
@@ -270,11 +200,7 @@ fn numbered_code(out: &mut String, code: &str, error_line: Option<u32>) {
     let width = count.to_string().len();
     for (index, text) in code.lines().enumerate() {
         let number = index + 1;
-        let marker = if error_line.is_some_and(|line| line as usize == number) {
-            '>'
-        } else {
-            ' '
-        };
+        let marker = if error_line.is_some_and(|line| line as usize == number) { '>' } else { ' ' };
         let _ = writeln!(out, "{marker}{number:>width$} | {}", safe(text));
     }
 }
@@ -285,8 +211,7 @@ fn stream(out: &mut String, name: &str, text: &str, truncated: bool, binary: boo
         notes.push("truncated at the output limit".to_owned());
     }
     if binary {
-        notes
-            .push("not UTF-8, shown decoded lossily; the exact bytes are in the record".to_owned());
+        notes.push("not UTF-8, shown decoded lossily; the exact bytes are in the record".to_owned());
     }
     if text.is_empty() {
         section(out, &format!("{name}: empty"));
@@ -303,7 +228,8 @@ fn stream(out: &mut String, name: &str, text: &str, truncated: bool, binary: boo
 fn safe(text: &str) -> String {
     let mut shown = String::with_capacity(text.len());
     for c in text.chars() {
-        let direction_override = matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
+        let direction_override =
+            matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
         if (c.is_control() && c != '\n' && c != '\t') || direction_override {
             let _ = write!(shown, "\\u{{{:x}}}", u32::from(c));
         } else {
@@ -324,11 +250,7 @@ fn bytes(count: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if value.fract() == 0.0 {
-        format!("{value:.0} {}", UNITS[unit])
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    if value.fract() == 0.0 { format!("{value:.0} {}", UNITS[unit]) } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 fn seconds(millis: u64) -> String {

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use airlock_core::record::now_rfc3339;
 use airlock_policy::{Language, Limit, RunRecord, Status};
 use rusqlite::types::Value;
-use rusqlite::{
-    Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params, params_from_iter,
-};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params, params_from_iter};
 use serde::{Deserialize, Serialize};
 
 use crate::error::AuditError;
@@ -70,7 +68,8 @@ CREATE TABLE chain_head (
 ) STRICT;
 ";
 
-const ENTRY_COLUMNS: &str = "seq, run_id, recorded_at, started_at, status, principal, hash_version, prev_hash, entry_hash, record";
+const ENTRY_COLUMNS: &str =
+    "seq, run_id, recorded_at, started_at, status, principal, hash_version, prev_hash, entry_hash, record";
 
 /// The audit store: a handle on one SQLite file. Share it between threads
 /// (`Arc<AuditStore>`); appends from one handle take turns, appends from
@@ -83,9 +82,7 @@ pub struct AuditStore {
 
 impl std::fmt::Debug for AuditStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuditStore")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
+        f.debug_struct("AuditStore").field("path", &self.path).finish_non_exhaustive()
     }
 }
 
@@ -170,15 +167,8 @@ impl ChainHead {
     /// Reads `SEQ:HASH`, the form [`ChainHead`]'s `Display` writes.
     pub fn parse(text: &str) -> Option<ChainHead> {
         let (seq, hash) = text.trim().split_once(':')?;
-        let is_hash = hash.len() == 64
-            && hash
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        Some(ChainHead {
-            seq: seq.parse().ok()?,
-            entry_hash: hash.to_owned(),
-        })
-        .filter(|_| is_hash)
+        let is_hash = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        Some(ChainHead { seq: seq.parse().ok()?, entry_hash: hash.to_owned() }).filter(|_| is_hash)
     }
 }
 
@@ -243,11 +233,7 @@ pub(crate) fn select_entries(rest: &str) -> String {
 /// when someone deleted the row.
 pub(crate) fn read_head(connection: &Connection) -> rusqlite::Result<Option<(i64, String)>> {
     connection
-        .query_row(
-            "SELECT seq, entry_hash FROM chain_head WHERE id = 1",
-            [],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
+        .query_row("SELECT seq, entry_hash FROM chain_head WHERE id = 1", [], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()
 }
 
@@ -255,9 +241,7 @@ impl AuditStore {
     /// `<data_dir>/audit.sqlite3`, the data directory being airlock's
     /// ([`airlock_core::paths::data_dir`]).
     pub fn default_path() -> Result<PathBuf, AuditError> {
-        Ok(airlock_core::paths::data_dir()
-            .map_err(|source| AuditError::DataDir { source })?
-            .join("audit.sqlite3"))
+        Ok(airlock_core::paths::data_dir().map_err(|source| AuditError::DataDir { source })?.join("audit.sqlite3"))
     }
 
     /// Opens the audit database at `path`, creating it (mode 0600, in a
@@ -274,38 +258,27 @@ impl AuditStore {
     /// file means a wrong path, not a store to start.
     pub fn open_existing(path: &Path) -> Result<AuditStore, AuditError> {
         if !path.is_file() {
-            return Err(AuditError::Missing {
-                path: path.to_owned(),
-            });
+            return Err(AuditError::Missing { path: path.to_owned() });
         }
         AuditStore::open_file(path)
     }
 
     fn open_file(path: &Path) -> Result<AuditStore, AuditError> {
-        let sqlite = |action: &'static str| {
-            move |error| AuditError::sqlite(path, action, error, BUSY_TIMEOUT)
-        };
-        let mut connection = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(sqlite("opened"))?;
-        connection
-            .busy_timeout(BUSY_TIMEOUT)
-            .map_err(sqlite("opened"))?;
+        let sqlite = |action: &'static str| move |error| AuditError::sqlite(path, action, error, BUSY_TIMEOUT);
+        let mut connection =
+            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(sqlite("opened"))?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(sqlite("opened"))?;
         // Anyone who could write the file could have put views or triggers in
         // it; with trusted_schema off they cannot call functions with side effects.
-        connection
-            .pragma_update(None, "trusted_schema", false)
-            .map_err(sqlite("opened"))?;
+        connection.pragma_update(None, "trusted_schema", false).map_err(sqlite("opened"))?;
         let fresh = check_identity(&connection, path)?;
         // WAL: a commit is one append to the log, so a crash at any moment
         // leaves the database at the last commit, never between two; and
         // readers (verify, listings) do not block the writer.
-        let mode: String = retry_while_busy(|| {
-            connection.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
-        })
-        .map_err(sqlite("opened"))?;
+        let mode: String =
+            retry_while_busy(|| connection.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0)))
+                .map_err(sqlite("opened"))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(AuditError::Storage {
                 path: path.to_owned(),
@@ -321,17 +294,12 @@ impl AuditStore {
         // the disk only at the next checkpoint, so a power cut could lose
         // entries the caller was told were recorded. FULL syncs the log at
         // every commit; one fsync per run is a price an audit trail pays.
-        connection
-            .pragma_update(None, "synchronous", "FULL")
-            .map_err(sqlite("opened"))?;
+        connection.pragma_update(None, "synchronous", "FULL").map_err(sqlite("opened"))?;
         if fresh {
             initialize(&mut connection).map_err(sqlite("initialised"))?;
         }
         check_schema_version(&connection, path)?;
-        Ok(AuditStore {
-            path: path.to_owned(),
-            connection: Mutex::new(connection),
-        })
+        Ok(AuditStore { path: path.to_owned(), connection: Mutex::new(connection) })
     }
 
     /// The database file.
@@ -348,70 +316,49 @@ impl AuditStore {
     /// chain as it was). The link to the previous entry is made under
     /// SQLite's write lock, so concurrent appenders, in threads or processes,
     /// cannot fork the chain.
-    pub fn append(
-        &self,
-        record: &RunRecord,
-        principal: Option<&str>,
-    ) -> Result<AuditEntry, AuditError> {
+    pub fn append(&self, record: &RunRecord, principal: Option<&str>) -> Result<AuditEntry, AuditError> {
         if let Some(name) = principal {
             check_principal(name)?;
         }
         if record.id.is_empty() {
-            return Err(AuditError::BadRecord {
-                reason: "it has no run id".to_owned(),
-            });
+            return Err(AuditError::BadRecord { reason: "it has no run id".to_owned() });
         }
-        let stored = serde_json::to_string(&without_contents(record)).map_err(|error| {
-            AuditError::BadRecord {
-                reason: format!("it cannot be written as JSON: {error}"),
-            }
-        })?;
+        let stored = serde_json::to_string(&without_contents(record))
+            .map_err(|error| AuditError::BadRecord { reason: format!("it cannot be written as JSON: {error}") })?;
         // A started_at that is not RFC 3339 is kept as written: the run is
         // still recorded, it just sorts oddly in time filters.
-        let started_at =
-            time::normalize(&record.started_at).unwrap_or_else(|| record.started_at.clone());
+        let started_at = time::normalize(&record.started_at).unwrap_or_else(|| record.started_at.clone());
         let sqlite = |error| AuditError::sqlite(&self.path, "written", error, BUSY_TIMEOUT);
 
         let mut connection = self.lock();
-        let transaction = connection
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite)?;
+        let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sqlite)?;
         let existing: Option<i64> = transaction
-            .query_row(
-                "SELECT seq FROM runs WHERE run_id = ?1",
-                [&record.id],
-                |row| row.get(0),
-            )
+            .query_row("SELECT seq FROM runs WHERE run_id = ?1", [&record.id], |row| row.get(0))
             .optional()
             .map_err(sqlite)?;
         if let Some(seq) = existing {
-            return Err(AuditError::Duplicate {
-                run_id: record.id.clone(),
-                seq: seq.unsigned_abs(),
-            });
+            return Err(AuditError::Duplicate { run_id: record.id.clone(), seq: seq.unsigned_abs() });
         }
         // The recorded head, not the last row: if rows were cut from the end,
         // the next entry still links to the true head and the gap shows.
         let head = match read_head(&transaction).map_err(sqlite)? {
             Some(head) => head,
             None => transaction
-                .query_row(
-                    "SELECT seq, entry_hash FROM runs ORDER BY seq DESC LIMIT 1",
-                    [],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
+                .query_row("SELECT seq, entry_hash FROM runs ORDER BY seq DESC LIMIT 1", [], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
                 .optional()
                 .map_err(sqlite)?
                 .unwrap_or((0, GENESIS_HASH.to_owned())),
         };
         let (head_seq, prev_hash) = head;
-        let seq = head_seq
-            .checked_add(1)
-            .and_then(|next| u64::try_from(next).ok().filter(|s| *s >= 1))
-            .ok_or_else(|| AuditError::UnreadableEntry {
-                path: self.path.clone(),
-                seq: head_seq,
-                reason: "the recorded chain head has an impossible sequence number".to_owned(),
+        let seq =
+            head_seq.checked_add(1).and_then(|next| u64::try_from(next).ok().filter(|s| *s >= 1)).ok_or_else(|| {
+                AuditError::UnreadableEntry {
+                    path: self.path.clone(),
+                    seq: head_seq,
+                    reason: "the recorded chain head has an impossible sequence number".to_owned(),
+                }
             })?;
         let recorded_at = now_rfc3339();
         let fields = EntryFields {
@@ -463,26 +410,16 @@ impl AuditStore {
     pub fn get(&self, run_id: &str) -> Result<Option<StoredRun>, AuditError> {
         let connection = self.lock();
         let raw = connection
-            .query_row(
-                &select_entries("WHERE run_id = ?1"),
-                [run_id],
-                RawEntry::from_row,
-            )
+            .query_row(&select_entries("WHERE run_id = ?1"), [run_id], RawEntry::from_row)
             .optional()
             .map_err(|error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT))?;
         drop(connection);
         let Some(raw) = raw else { return Ok(None) };
-        let unreadable = |reason: String| AuditError::UnreadableEntry {
-            path: self.path.clone(),
-            seq: raw.seq,
-            reason,
-        };
-        let seq = u64::try_from(raw.seq)
-            .map_err(|_| unreadable("its sequence number is negative".to_owned()))?;
+        let unreadable = |reason: String| AuditError::UnreadableEntry { path: self.path.clone(), seq: raw.seq, reason };
+        let seq = u64::try_from(raw.seq).map_err(|_| unreadable("its sequence number is negative".to_owned()))?;
         let record: RunRecord = serde_json::from_str(&raw.record)
             .map_err(|error| unreadable(format!("its record is not valid: {error}")))?;
-        let hash_matches =
-            raw.hash_version == HASH_VERSION && raw.fields(seq).hash() == raw.entry_hash;
+        let hash_matches = raw.hash_version == HASH_VERSION && raw.fields(seq).hash() == raw.entry_hash;
         Ok(Some(StoredRun {
             entry: AuditEntry {
                 seq,
@@ -503,9 +440,7 @@ impl AuditStore {
         if !(1..=MAX_PAGE_SIZE).contains(&limit) {
             return Err(AuditError::BadFilter {
                 field: "limit",
-                message: format!(
-                    "{limit} is not between 1 and {MAX_PAGE_SIZE}; page through with the cursor"
-                ),
+                message: format!("{limit} is not between 1 and {MAX_PAGE_SIZE}; page through with the cursor"),
             });
         }
         let mut conditions: Vec<&str> = Vec::new();
@@ -514,10 +449,9 @@ impl AuditStore {
             conditions.push("status = ?");
             values.push(Value::Text(status.name().to_owned()));
         }
-        for (field, text, condition) in [
-            ("since", &filter.since, "started_at >= ?"),
-            ("until", &filter.until, "started_at < ?"),
-        ] {
+        for (field, text, condition) in
+            [("since", &filter.since, "started_at >= ?"), ("until", &filter.until, "started_at < ?")]
+        {
             if let Some(text) = text {
                 let normalized = time::normalize(text).ok_or_else(|| AuditError::BadFilter {
                     field,
@@ -539,11 +473,8 @@ impl AuditStore {
             conditions.push("seq < ?");
             values.push(Value::Integer(before));
         }
-        let where_clause = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conditions.join(" AND "))
-        };
+        let where_clause =
+            if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
         // One more than the page, to know whether another page follows.
         values.push(Value::Integer(i64::from(limit) + 1));
         // One json_extract with several paths parses the record once; a row
@@ -573,36 +504,17 @@ impl AuditStore {
 
     /// The recorded head of the chain, `None` while it is empty.
     pub fn head(&self) -> Result<Option<ChainHead>, AuditError> {
-        let head = read_head(&self.lock())
-            .map_err(|error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT))?;
+        let head =
+            read_head(&self.lock()).map_err(|error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT))?;
         Ok(head.and_then(|(seq, entry_hash)| {
-            u64::try_from(seq)
-                .ok()
-                .filter(|seq| *seq >= 1)
-                .map(|seq| ChainHead { seq, entry_hash })
+            u64::try_from(seq).ok().filter(|seq| *seq >= 1).map(|seq| ChainHead { seq, entry_hash })
         }))
     }
 
     fn summary(&self, row: &Row<'_>) -> Result<RunSummary, AuditError> {
-        type Columns = (
-            i64,
-            String,
-            String,
-            String,
-            String,
-            Option<String>,
-            Option<String>,
-        );
+        type Columns = (i64, String, String, String, String, Option<String>, Option<String>);
         let read = || -> rusqlite::Result<Columns> {
-            Ok((
-                row.get(0)?,
-                row.get(1)?,
-                row.get(2)?,
-                row.get(3)?,
-                row.get(4)?,
-                row.get(5)?,
-                row.get(6)?,
-            ))
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?))
         };
         let (seq, run_id, started_at, recorded_at, status_name, principal, glance) =
             read().map_err(|error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT))?;
@@ -611,16 +523,9 @@ impl AuditStore {
             seq,
             reason: format!("its status {status_name:?} is not a status"),
         })?;
-        type Glance = (
-            Option<Language>,
-            Option<String>,
-            Option<i32>,
-            Option<u64>,
-            Option<Vec<Limit>>,
-        );
-        let (language, code_sha256, exit_code, wall_ms, limits_hit): Glance = glance
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
+        type Glance = (Option<Language>, Option<String>, Option<i32>, Option<u64>, Option<Vec<Limit>>);
+        let (language, code_sha256, exit_code, wall_ms, limits_hit): Glance =
+            glance.and_then(|text| serde_json::from_str(&text).ok()).unwrap_or_default();
         Ok(RunSummary {
             seq: seq.unsigned_abs(),
             run_id,
@@ -640,9 +545,7 @@ impl AuditStore {
     /// transaction open (dropping one rolls it back), so a poisoned lock is
     /// still a usable connection.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.connection
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.connection.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -650,19 +553,9 @@ impl AuditStore {
 /// would make it with the umask's mode, and gives the -wal and -shm files the
 /// database file's own mode.
 fn create_file(path: &Path) -> Result<(), AuditError> {
-    let create_error = |source| AuditError::Create {
-        path: path.to_owned(),
-        source,
-    };
-    if let Some(parent) = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-    {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .map_err(create_error)?;
+    let create_error = |source| AuditError::Create { path: path.to_owned(), source };
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(create_error)?;
     }
     OpenOptions::new()
         .read(true)
@@ -702,34 +595,22 @@ fn check_identity(connection: &Connection, path: &Path) -> Result<bool, AuditErr
     // file meanwhile, and its id without its tables (or the reverse) would
     // look like a stranger's database.
     let snapshot = connection.unchecked_transaction().map_err(sqlite)?;
-    let application_id: i32 = snapshot
-        .pragma_query_value(None, "application_id", |row| row.get(0))
-        .map_err(sqlite)?;
+    let application_id: i32 = snapshot.pragma_query_value(None, "application_id", |row| row.get(0)).map_err(sqlite)?;
     if application_id == APPLICATION_ID {
         return Ok(false);
     }
-    let not_ours = |reason: String| AuditError::NotAuditDatabase {
-        path: path.to_owned(),
-        reason,
-    };
+    let not_ours = |reason: String| AuditError::NotAuditDatabase { path: path.to_owned(), reason };
     if application_id != 0 {
         return Err(not_ours(format!(
             "its SQLite application id is {application_id:#010x}, not airlock's {APPLICATION_ID:#010x}"
         )));
     }
-    let mut statement = snapshot
-        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
-        .map_err(sqlite)?;
-    let tables = statement
-        .query_map([], |row| row.get(0))
-        .map_err(sqlite)?
-        .collect::<Result<Vec<String>, _>>();
+    let mut statement =
+        snapshot.prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name").map_err(sqlite)?;
+    let tables = statement.query_map([], |row| row.get(0)).map_err(sqlite)?.collect::<Result<Vec<String>, _>>();
     let tables = tables.map_err(sqlite)?;
     if !tables.is_empty() {
-        return Err(not_ours(format!(
-            "it is an SQLite database of something else, with tables {}",
-            tables.join(", ")
-        )));
+        return Err(not_ours(format!("it is an SQLite database of something else, with tables {}", tables.join(", "))));
     }
     Ok(true)
 }
@@ -737,8 +618,7 @@ fn check_identity(connection: &Connection, path: &Path) -> Result<bool, AuditErr
 fn initialize(connection: &mut Connection) -> rusqlite::Result<()> {
     let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // Another process may have initialised the file since we looked.
-    let application_id: i32 =
-        transaction.pragma_query_value(None, "application_id", |row| row.get(0))?;
+    let application_id: i32 = transaction.pragma_query_value(None, "application_id", |row| row.get(0))?;
     if application_id == APPLICATION_ID {
         return Ok(());
     }
@@ -747,53 +627,31 @@ fn initialize(connection: &mut Connection) -> rusqlite::Result<()> {
         "INSERT INTO schema_version (format, version, created_at) VALUES (?1, ?2, ?3)",
         params![FORMAT, SCHEMA_VERSION, now_rfc3339()],
     )?;
-    transaction.execute(
-        "INSERT INTO chain_head (id, seq, entry_hash) VALUES (1, 0, ?1)",
-        [GENESIS_HASH],
-    )?;
+    transaction.execute("INSERT INTO chain_head (id, seq, entry_hash) VALUES (1, 0, ?1)", [GENESIS_HASH])?;
     transaction.pragma_update(None, "application_id", APPLICATION_ID)?;
     transaction.commit()
 }
 
 fn check_schema_version(connection: &Connection, path: &Path) -> Result<(), AuditError> {
-    let not_ours = |reason: String| AuditError::NotAuditDatabase {
-        path: path.to_owned(),
-        reason,
-    };
+    let not_ours = |reason: String| AuditError::NotAuditDatabase { path: path.to_owned(), reason };
     let rows: Result<Vec<(String, i64)>, _> = connection
         .prepare("SELECT format, version FROM schema_version")
-        .and_then(|mut statement| {
-            statement
-                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
-                .collect()
-        });
-    let rows = rows
-        .map_err(|error| not_ours(format!("its schema_version table cannot be read: {error}")))?;
+        .and_then(|mut statement| statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?.collect());
+    let rows = rows.map_err(|error| not_ours(format!("its schema_version table cannot be read: {error}")))?;
     match rows.as_slice() {
         [(format, version)] if format == FORMAT => match *version {
             SCHEMA_VERSION => Ok(()),
-            found if found > SCHEMA_VERSION => Err(AuditError::NewerSchema {
-                path: path.to_owned(),
-                found,
-                supported: SCHEMA_VERSION,
-            }),
-            found => Err(not_ours(format!(
-                "its schema version {found} was never written by airlock"
-            ))),
+            found if found > SCHEMA_VERSION => {
+                Err(AuditError::NewerSchema { path: path.to_owned(), found, supported: SCHEMA_VERSION })
+            }
+            found => Err(not_ours(format!("its schema version {found} was never written by airlock"))),
         },
-        _ => Err(not_ours(
-            "its schema_version table does not name the airlock-audit format".to_owned(),
-        )),
+        _ => Err(not_ours("its schema_version table does not name the airlock-audit format".to_owned())),
     }
 }
 
 fn check_principal(name: &str) -> Result<(), AuditError> {
-    let bad = |reason| {
-        Err(AuditError::BadPrincipal {
-            principal: name.to_owned(),
-            reason,
-        })
-    };
+    let bad = |reason| Err(AuditError::BadPrincipal { principal: name.to_owned(), reason });
     if name.is_empty() {
         return bad("it is empty");
     }

@@ -38,11 +38,7 @@ fn parse_millis(text: &str) -> Option<i64> {
     {
         return None;
     }
-    let (hour, minute, second) = (
-        digits(bytes, 11, 2)?,
-        digits(bytes, 14, 2)?,
-        digits(bytes, 17, 2)?,
-    );
+    let (hour, minute, second) = (digits(bytes, 11, 2)?, digits(bytes, 14, 2)?, digits(bytes, 17, 2)?);
     // 60 is a leap second; it counts as the first second of the next minute.
     if hour > 23 || minute > 59 || second > 60 {
         return None;
@@ -56,10 +52,7 @@ fn parse_millis(text: &str) -> Option<i64> {
         }
         // Milliseconds: the first three digits, padded; finer digits are dropped.
         let kept = &fraction[..count.min(3)];
-        millis = kept
-            .iter()
-            .fold(0, |value, d| value * 10 + i64::from(d - b'0'))
-            * [100, 10, 1][kept.len() - 1];
+        millis = kept.iter().fold(0, |value, d| value * 10 + i64::from(d - b'0')) * [100, 10, 1][kept.len() - 1];
         rest = &fraction[count..];
     }
     let offset_minutes = match rest {
@@ -81,9 +74,7 @@ fn parse_millis(text: &str) -> Option<i64> {
 
 fn digits(bytes: &[u8], start: usize, count: usize) -> Option<i64> {
     let field = bytes.get(start..start + count)?;
-    field.iter().try_fold(0i64, |value, b| {
-        b.is_ascii_digit().then(|| value * 10 + i64::from(b - b'0'))
-    })
+    field.iter().try_fold(0i64, |value, b| b.is_ascii_digit().then(|| value * 10 + i64::from(b - b'0')))
 }
 
 fn days_in_month(year: i64, month: i64) -> i64 {

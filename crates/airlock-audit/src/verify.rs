@@ -32,30 +32,20 @@ impl fmt::Display for VerifyReport {
         match (&self.first_break, &self.last_good) {
             (None, None) => f.write_str("audit chain intact: no entries yet"),
             (None, Some(head)) => {
-                write!(
-                    f,
-                    "audit chain intact: {}, head {head}",
-                    entries(self.entries_checked)
-                )
+                write!(f, "audit chain intact: {}, head {head}", entries(self.entries_checked))
             }
             (Some(broken), _) => write!(
                 f,
                 "audit chain BROKEN at {broken}\n{} before it check out{}",
                 entries(self.entries_checked),
-                self.last_good
-                    .as_ref()
-                    .map_or(String::new(), |good| format!(", the last being {good}"))
+                self.last_good.as_ref().map_or(String::new(), |good| format!(", the last being {good}"))
             ),
         }
     }
 }
 
 fn entries(count: u64) -> String {
-    if count == 1 {
-        "1 entry".to_owned()
-    } else {
-        format!("{count} entries")
-    }
+    if count == 1 { "1 entry".to_owned() } else { format!("{count} entries") }
 }
 
 /// The first place the chain does not hold.
@@ -76,10 +66,7 @@ impl fmt::Display for ChainBreak {
             None => write!(f, "entry {seq}: ")?,
         }
         match &self.problem {
-            Problem::ContentEdited {
-                stored_hash,
-                computed_hash,
-            } => write!(
+            Problem::ContentEdited { stored_hash, computed_hash } => write!(
                 f,
                 "its content was edited: its fields hash to {computed_hash}, not to its stored hash {stored_hash}"
             ),
@@ -88,10 +75,7 @@ impl fmt::Display for ChainBreak {
                 "its link is broken: the first entry's prev_hash must be 64 zeros, but it names {prev_hash}; \
                  entries before it were deleted and the rest renumbered, or this link was edited"
             ),
-            Problem::LinkBroken {
-                prev_hash,
-                previous_entry_hash,
-            } => write!(
+            Problem::LinkBroken { prev_hash, previous_entry_hash } => write!(
                 f,
                 "its link is broken: it names {prev_hash} as the entry before it, but entry {} hashes to \
                  {previous_entry_hash}; entry {} was rewritten with a recomputed hash, or this link was edited",
@@ -99,11 +83,7 @@ impl fmt::Display for ChainBreak {
                 seq.saturating_sub(1)
             ),
             Problem::Missing { through } if *through == seq => {
-                write!(
-                    f,
-                    "it is missing: the row was deleted (the next entry present is {})",
-                    through + 1
-                )
+                write!(f, "it is missing: the row was deleted (the next entry present is {})", through + 1)
             }
             Problem::Missing { through } => write!(
                 f,
@@ -115,26 +95,17 @@ impl fmt::Display for ChainBreak {
                 "it is missing, and so is every entry up to {head_seq}, the chain's recorded head: \
                  entries were deleted from the end"
             ),
-            Problem::BeyondHead { head_seq } => write!(
-                f,
-                "it lies beyond the chain's recorded head (entry {head_seq}): it was added outside airlock"
-            ),
-            Problem::HeadMismatch {
-                head_hash,
-                entry_hash,
-            } => write!(
+            Problem::BeyondHead { head_seq } => {
+                write!(f, "it lies beyond the chain's recorded head (entry {head_seq}): it was added outside airlock")
+            }
+            Problem::HeadMismatch { head_hash, entry_hash } => write!(
                 f,
                 "it hashes to {entry_hash}, but the chain's recorded head says {head_hash}: the last entry was \
                  replaced"
             ),
-            Problem::HeadMissing => {
-                f.write_str("the chain's recorded head (table chain_head) was deleted")
-            }
+            Problem::HeadMissing => f.write_str("the chain's recorded head (table chain_head) was deleted"),
             Problem::UnknownHashVersion { version } => {
-                write!(
-                    f,
-                    "it names hash scheme {version}, which no airlock wrote (this one knows {HASH_VERSION})"
-                )
+                write!(f, "it names hash scheme {version}, which no airlock wrote (this one knows {HASH_VERSION})")
             }
             Problem::Unreadable { reason } => write!(f, "it cannot be read: {reason}"),
             Problem::AnchorMissing { anchor } => write!(
@@ -142,10 +113,7 @@ impl fmt::Display for ChainBreak {
                 "it is missing, but the chain was seen to reach {anchor} (the anchor given): entries were \
                  deleted from the end"
             ),
-            Problem::AnchorMismatch {
-                anchor_hash,
-                entry_hash,
-            } => write!(
+            Problem::AnchorMismatch { anchor_hash, entry_hash } => write!(
                 f,
                 "it hashes to {entry_hash}, but the anchor given says {anchor_hash}: the chain was rewritten \
                  from here or before"
@@ -250,34 +218,21 @@ impl Walk {
     }
 
     fn report(self, first_break: Option<ChainBreak>) -> VerifyReport {
-        VerifyReport {
-            entries_checked: self.checked,
-            last_good: self.last.map(|(head, _)| head),
-            first_break,
-        }
+        VerifyReport { entries_checked: self.checked, last_good: self.last.map(|(head, _)| head), first_break }
     }
 
     fn broken(self, seq: u64, run_id: Option<String>, problem: Problem) -> VerifyReport {
-        self.report(Some(ChainBreak {
-            seq,
-            run_id,
-            problem,
-        }))
+        self.report(Some(ChainBreak { seq, run_id, problem }))
     }
 }
 
 fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result<VerifyReport> {
     let recorded_head = read_head(connection)?;
     // A negative head is reported after the walk; the rows are checked first.
-    let head = recorded_head
-        .clone()
-        .and_then(|(seq, hash)| Some((u64::try_from(seq).ok()?, hash)));
+    let head = recorded_head.clone().and_then(|(seq, hash)| Some((u64::try_from(seq).ok()?, hash)));
     let mut statement = connection.prepare(&select_entries("ORDER BY seq"))?;
     let mut rows = statement.query([])?;
-    let mut chain = Walk {
-        checked: 0,
-        last: None,
-    };
+    let mut chain = Walk { checked: 0, last: None };
     while let Some(row) = rows.next()? {
         let expected_seq = chain.last_seq() + 1;
         let entry = match RawEntry::from_row(row) {
@@ -289,27 +244,16 @@ fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result
         };
         let Some(seq) = u64::try_from(entry.seq).ok().filter(|seq| *seq >= 1) else {
             let reason = format!("its sequence number {} is not positive", entry.seq);
-            return Ok(chain.broken(
-                expected_seq,
-                Some(entry.run_id),
-                Problem::Unreadable { reason },
-            ));
+            return Ok(chain.broken(expected_seq, Some(entry.run_id), Problem::Unreadable { reason }));
         };
         if seq > expected_seq {
             return Ok(chain.broken(expected_seq, None, Problem::Missing { through: seq - 1 }));
         }
         if entry.hash_version != HASH_VERSION {
             let version = entry.hash_version;
-            return Ok(chain.broken(
-                seq,
-                Some(entry.run_id),
-                Problem::UnknownHashVersion { version },
-            ));
+            return Ok(chain.broken(seq, Some(entry.run_id), Problem::UnknownHashVersion { version }));
         }
-        let previous_entry_hash = chain
-            .last
-            .as_ref()
-            .map_or(GENESIS_HASH, |(head, _)| head.entry_hash.as_str());
+        let previous_entry_hash = chain.last.as_ref().map_or(GENESIS_HASH, |(head, _)| head.entry_hash.as_str());
         if entry.prev_hash != previous_entry_hash {
             let problem = Problem::LinkBroken {
                 prev_hash: entry.prev_hash.clone(),
@@ -319,49 +263,27 @@ fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result
         }
         let computed_hash = entry.fields(seq).hash();
         if computed_hash != entry.entry_hash {
-            let problem = Problem::ContentEdited {
-                stored_hash: entry.entry_hash.clone(),
-                computed_hash,
-            };
+            let problem = Problem::ContentEdited { stored_hash: entry.entry_hash.clone(), computed_hash };
             return Ok(chain.broken(seq, Some(entry.run_id), problem));
         }
         if let Some((head_seq, head_hash)) = &head {
             // The head moves in the same transaction as the row it names,
             // so airlock never leaves a row past it.
             if seq > *head_seq {
-                return Ok(chain.broken(
-                    seq,
-                    Some(entry.run_id),
-                    Problem::BeyondHead {
-                        head_seq: *head_seq,
-                    },
-                ));
+                return Ok(chain.broken(seq, Some(entry.run_id), Problem::BeyondHead { head_seq: *head_seq }));
             }
             if seq == *head_seq && *head_hash != entry.entry_hash {
-                let problem = Problem::HeadMismatch {
-                    head_hash: head_hash.clone(),
-                    entry_hash: entry.entry_hash,
-                };
+                let problem = Problem::HeadMismatch { head_hash: head_hash.clone(), entry_hash: entry.entry_hash };
                 return Ok(chain.broken(seq, Some(entry.run_id), problem));
             }
         }
-        if let Some(anchor) =
-            anchor.filter(|anchor| anchor.seq == seq && anchor.entry_hash != entry.entry_hash)
-        {
-            let problem = Problem::AnchorMismatch {
-                anchor_hash: anchor.entry_hash.clone(),
-                entry_hash: entry.entry_hash,
-            };
+        if let Some(anchor) = anchor.filter(|anchor| anchor.seq == seq && anchor.entry_hash != entry.entry_hash) {
+            let problem =
+                Problem::AnchorMismatch { anchor_hash: anchor.entry_hash.clone(), entry_hash: entry.entry_hash };
             return Ok(chain.broken(seq, Some(entry.run_id), problem));
         }
         chain.checked += 1;
-        chain.last = Some((
-            ChainHead {
-                seq,
-                entry_hash: entry.entry_hash,
-            },
-            entry.run_id,
-        ));
+        chain.last = Some((ChainHead { seq, entry_hash: entry.entry_hash }, entry.run_id));
     }
     let next_seq = chain.last_seq() + 1;
     let head_seq = match (recorded_head, head) {
@@ -376,13 +298,7 @@ fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result
         return Ok(chain.broken(next_seq, None, Problem::TailMissing { head_seq }));
     }
     if let Some(anchor) = anchor.filter(|anchor| anchor.seq >= next_seq) {
-        return Ok(chain.broken(
-            next_seq,
-            None,
-            Problem::AnchorMissing {
-                anchor: anchor.clone(),
-            },
-        ));
+        return Ok(chain.broken(next_seq, None, Problem::AnchorMissing { anchor: anchor.clone() }));
     }
     Ok(chain.report(None))
 }

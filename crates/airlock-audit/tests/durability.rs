@@ -69,12 +69,7 @@ impl Rng {
         let seed = std::env::var("AUDIT_TEST_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-                    | 1
-            });
+            .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1);
         eprintln!("kill moments from seed {seed} (set AUDIT_TEST_SEED to replay)");
         Rng(seed)
     }
@@ -95,15 +90,9 @@ fn check_chain(path: &Path, committed: &[String], unreported: u64) {
     assert!(report.is_intact(), "{report}");
     let entries = report.entries_checked;
     let reported = committed.len() as u64;
-    assert!(
-        entries >= reported && entries <= reported + unreported,
-        "{entries} entries, {reported} reported"
-    );
+    assert!(entries >= reported && entries <= reported + unreported, "{entries} entries, {reported} reported");
     for run_id in committed {
-        assert!(
-            store.get(run_id).unwrap().is_some(),
-            "committed run {run_id} was lost"
-        );
+        assert!(store.get(run_id).unwrap().is_some(), "committed run {run_id} was lost");
     }
 }
 
@@ -132,9 +121,7 @@ fn appends_reported_committed_survive_sigkill_at_random_moments() {
             }
         });
         // Once the child is appending, kill it at a random moment of its loop.
-        let first = receiver
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the child appends");
+        let first = receiver.recv_timeout(Duration::from_secs(60)).expect("the child appends");
         thread::sleep(Duration::from_micros(rng.below(60_000)));
         appender.kill().unwrap();
         appender.wait().unwrap();
@@ -143,10 +130,7 @@ fn appends_reported_committed_survive_sigkill_at_random_moments() {
         committed.extend(receiver.try_iter());
         check_chain(&path, &committed, round + 1);
     }
-    assert!(
-        committed.len() > rounds as usize,
-        "the children appended too little to test anything"
-    );
+    assert!(committed.len() > rounds as usize, "the children appended too little to test anything");
     assert_eq!(python_verify(&path).split(' ').next(), Some("intact"));
 }
 
@@ -173,46 +157,25 @@ fn sixteen_threads_appending_at_once_lose_nothing_and_never_fork_the_chain() {
                 };
                 (0..per_thread)
                     .map(|n| {
-                        store
-                            .append(
-                                &record(&format!("t{t}-{n}"), Status::Ok),
-                                Some(&format!("client-{t}")),
-                            )
-                            .unwrap()
+                        store.append(&record(&format!("t{t}-{n}"), Status::Ok), Some(&format!("client-{t}"))).unwrap()
                     })
                     .collect()
             })
         })
         .collect();
-    let mut entries: Vec<AuditEntry> = workers
-        .into_iter()
-        .flat_map(|worker| worker.join().unwrap())
-        .collect();
+    let mut entries: Vec<AuditEntry> = workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect();
     entries.sort_by_key(|entry| entry.seq);
     let total = (threads * per_thread) as u64;
-    assert_eq!(
-        entries.iter().map(|entry| entry.seq).collect::<Vec<_>>(),
-        (1..=total).collect::<Vec<_>>()
-    );
+    assert_eq!(entries.iter().map(|entry| entry.seq).collect::<Vec<_>>(), (1..=total).collect::<Vec<_>>());
     for pair in entries.windows(2) {
-        assert_eq!(
-            pair[1].prev_hash, pair[0].entry_hash,
-            "the chain forked at {}",
-            pair[1].seq
-        );
+        assert_eq!(pair[1].prev_hash, pair[0].entry_hash, "the chain forked at {}", pair[1].seq);
     }
     let store = AuditStore::open(&path).unwrap();
     let report = store.verify().unwrap();
     assert!(report.is_intact(), "{report}");
     assert_eq!(report.entries_checked, total);
-    assert_eq!(
-        report.last_good.map(|head| head.entry_hash),
-        entries.last().map(|entry| entry.entry_hash.clone())
-    );
-    assert_eq!(
-        python_verify(&path),
-        format!("intact {total} {}", store.head().unwrap().unwrap())
-    );
+    assert_eq!(report.last_good.map(|head| head.entry_hash), entries.last().map(|entry| entry.entry_hash.clone()));
+    assert_eq!(python_verify(&path), format!("intact {total} {}", store.head().unwrap().unwrap()));
 }
 
 #[test]
@@ -233,18 +196,9 @@ fn four_processes_appending_at_once_lose_nothing_and_never_fork_the_chain() {
     let mut committed = Vec::new();
     for appender in appenders {
         let output = appender.join().unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stdout)
-        );
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        committed.extend(
-            stdout
-                .lines()
-                .filter_map(committed_run_id)
-                .map(str::to_owned),
-        );
+        committed.extend(stdout.lines().filter_map(committed_run_id).map(str::to_owned));
     }
     assert_eq!(committed.len(), 4 * per_process);
     check_chain(&path, &committed, 0);
@@ -274,13 +228,7 @@ fn fill_the_disk() {
         "refusing to mount: this process is not in a mount namespace of its own"
     );
     let mounted = Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=1m,mode=0700",
-            "airlock-audit-test",
-        ])
+        .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "airlock-audit-test"])
         .arg(&dir)
         .status()
         .unwrap();
@@ -296,39 +244,23 @@ fn fill_the_disk() {
             Ok(entry) => committed.push(entry),
             Err(error) => break error,
         }
-        assert!(
-            committed.len() < 200,
-            "a 1 MiB disk took 200 appends of 40 KiB"
-        );
+        assert!(committed.len() < 200, "a 1 MiB disk took 200 appends of 40 KiB");
     };
     let message = error.to_string();
     assert!(error.is_disk_full(), "{message}");
-    assert!(
-        message.contains(&path.display().to_string()) && message.contains("disk is full"),
-        "{message}"
-    );
-    assert!(
-        committed.len() >= 5,
-        "the disk filled after {} appends",
-        committed.len()
-    );
+    assert!(message.contains(&path.display().to_string()) && message.contains("disk is full"), "{message}");
+    assert!(committed.len() >= 5, "the disk filled after {} appends", committed.len());
 
     let check = |store: &AuditStore, committed: &[AuditEntry]| {
         let report = store.verify().unwrap();
         assert!(report.is_intact(), "{report}");
         assert_eq!(report.entries_checked, committed.len() as u64);
-        assert_eq!(
-            report.last_good.map(|head| head.entry_hash),
-            committed.last().map(|e| e.entry_hash.clone())
-        );
+        assert_eq!(report.last_good.map(|head| head.entry_hash), committed.last().map(|e| e.entry_hash.clone()));
     };
     check(&store, &committed);
     // Smaller appends: each one either fits whole or fails whole.
     let mut refused = 0;
-    for (n, size) in [20_000, 5_000, 1_000, 100, 20_000, 10]
-        .into_iter()
-        .enumerate()
-    {
+    for (n, size) in [20_000, 5_000, 1_000, 100, 20_000, 10].into_iter().enumerate() {
         let mut run = record(&format!("small-{n}"), Status::Ok);
         run.stdout = "s".repeat(size);
         match store.append(&run, None) {
@@ -356,15 +288,11 @@ fn a_full_disk_is_an_error_that_leaves_the_chain_intact() {
     let namespace = fs::read_link("/proc/self/ns/mnt").unwrap();
     // A private mount namespace: the tmpfs exists only for the child and
     // disappears with it, whatever happens.
-    let output = child(
-        &["unshare", "--mount", "--propagation", "private", "--"],
-        "child_process_entry",
-        "full-disk",
-    )
-    .env("AUDIT_DIR", &small_disk)
-    .env("AUDIT_PARENT_MNT_NS", namespace.as_os_str())
-    .output()
-    .expect("unshare (util-linux) on PATH");
+    let output = child(&["unshare", "--mount", "--propagation", "private", "--"], "child_process_entry", "full-disk")
+        .env("AUDIT_DIR", &small_disk)
+        .env("AUDIT_PARENT_MNT_NS", namespace.as_os_str())
+        .output()
+        .expect("unshare (util-linux) on PATH");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -372,13 +300,6 @@ fn a_full_disk_is_an_error_that_leaves_the_chain_intact() {
         "the child failed (this test needs root, or CAP_SYS_ADMIN, for its mount namespace):\n{stdout}\n{stderr}"
     );
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mounts.contains(&small_disk.display().to_string()),
-        "a mount was left behind"
-    );
-    assert_eq!(
-        fs::read_dir(&small_disk).unwrap().count(),
-        0,
-        "the child wrote to the host, not its tmpfs"
-    );
+    assert!(!mounts.contains(&small_disk.display().to_string()), "a mount was left behind");
+    assert_eq!(fs::read_dir(&small_disk).unwrap().count(), 0, "the child wrote to the host, not its tmpfs");
 }

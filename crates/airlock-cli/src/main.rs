@@ -37,7 +37,14 @@ pub mod exit {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            // Misuse is the command's failure, not the code's: 125, as docker does.
+            let _ = error.print();
+            return ExitCode::from(if error.use_stderr() { exit::SANDBOX_ERROR } else { 0 });
+        }
+    };
     let result = match cli.command {
         Command::Run(args) => run_cmd::run(args),
         Command::Image(command) => image_cmd::run(command).map(|()| ExitCode::SUCCESS),

@@ -23,10 +23,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "LANG")]
     lang: Option<String>,
     /// Wall-clock limit in seconds [default: 20].
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     timeout: Option<f64>,
     /// CPU-time limit in seconds, all processes together [default: 20].
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     cpu_time: Option<f64>,
     /// Memory limit in MiB, no swap [default: 512].
     #[arg(long, value_name = "MB")]
@@ -35,7 +35,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pids: Option<u32>,
     /// CPU bandwidth in CPUs [default: 1].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     cpus: Option<f64>,
     /// Size of /work and /tmp together, in MiB [default: 64].
     #[arg(long, value_name = "MB")]

@@ -18,7 +18,7 @@ use airlock_policy::ImageRef;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::interpreter::{Interpreter, matplotlib_env};
+use crate::interpreter::{Interpreter, runtime_env};
 
 /// The image `airlock run` uses unless told otherwise.
 pub const DEFAULT_IMAGE: &str = "python-data";
@@ -258,7 +258,7 @@ impl Image {
         Runtime {
             python: PathBuf::from(IMAGE_MOUNT).join("bin/python"),
             mounts,
-            env: matplotlib_env(),
+            env: runtime_env(&Path::new(IMAGE_MOUNT).join("bin")),
             image: Some(ImageRef { name: self.name.clone(), hash: self.manifest.hash.clone() }),
             tmp_seed,
             describe: format!("Python {} with {}", python.version, top.join(", ")),

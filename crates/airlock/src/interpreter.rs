@@ -56,10 +56,11 @@ impl Interpreter {
                 mounts.push(RuntimeMount::same_path(dir.clone()));
             }
         }
+        let bin = self.executable.parent().map(Path::to_path_buf).unwrap_or_default();
         Runtime {
             python: self.executable.clone(),
             mounts,
-            env: matplotlib_env(),
+            env: runtime_env(&bin),
             image: None,
             tmp_seed: Vec::new(),
             describe: format!("Python {} at {}, without an image", self.version, self.executable.display()),
@@ -67,9 +68,13 @@ impl Interpreter {
     }
 }
 
-/// The variables that make matplotlib draw off-screen into airlock's driver.
-pub(crate) fn matplotlib_env() -> BTreeMap<String, String> {
+/// What a Python runtime adds to the base environment: its interpreter's
+/// folder first on PATH (so `python` works from shell code), and the
+/// variables that make matplotlib draw off-screen into airlock's driver.
+pub(crate) fn runtime_env(bin: &Path) -> BTreeMap<String, String> {
+    let base_path = airlock_core::runtime::BASE_ENV.iter().find(|(k, _)| *k == "PATH").map_or("", |(_, v)| *v);
     BTreeMap::from([
+        ("PATH".to_owned(), format!("{}:{base_path}", bin.display())),
         ("MPLBACKEND".to_owned(), "module://airlock_inline_backend".to_owned()),
         ("MPLCONFIGDIR".to_owned(), "/tmp/.config/matplotlib".to_owned()),
     ])

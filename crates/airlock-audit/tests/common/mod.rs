@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use airlock_policy::{
-    ArtifactRecord, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Layer,
-    Limit, NetworkEvent, NetworkRecord, NetworkVerdict, Policy, PolicySpec, RECORD_SCHEMA_VERSION,
-    RunRecord, Status, Usage,
+    ArtifactRecord, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Layer, Limit, NetworkEvent,
+    NetworkRecord, NetworkVerdict, Policy, PolicySpec, RECORD_SCHEMA_VERSION, RunRecord, Status, Usage,
 };
 
 /// The environment variable that turns a test binary into a child helper.
@@ -60,8 +59,7 @@ pub fn record(id: &str, status: Status) -> RunRecord {
         error: Some(ErrorInfo {
             kind: "ZeroDivisionError".to_owned(),
             message: "division by zero".to_owned(),
-            traceback: "Traceback (most recent call last):\n  line 4\nZeroDivisionError: division by zero\n"
-                .to_owned(),
+            traceback: "Traceback (most recent call last):\n  line 4\nZeroDivisionError: division by zero\n".to_owned(),
             line: Some(4),
             column: None,
         }),
@@ -108,15 +106,7 @@ pub fn child(wrapper: &[&str], helper: &str, mode: &str) -> Command {
         }
         None => Command::new(exe),
     };
-    command
-        .args([
-            helper,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_MODE, mode);
+    command.args([helper, "--exact", "--ignored", "--nocapture", "--test-threads=1"]).env(CHILD_MODE, mode);
     command
 }
 

@@ -1,0 +1,225 @@
+//! The `airlock` command end to end: exit statuses, the readable report, the
+//! JSON record, the weighted-median job, and the richer results.
+
+use std::path::Path;
+use std::process::Output;
+
+use airlock_tests::{airlock_command, data_image};
+use serde_json::Value;
+
+fn run(args: &[&str], dir: &Path) -> Output {
+    // Make sure the image exists before a command that would build it.
+    let _ = data_image();
+    airlock_command().arg("run").args(args).current_dir(dir).output().expect("run airlock")
+}
+
+fn json(args: &[&str], dir: &Path) -> (Value, i32) {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let output = run(&all, dir);
+    let record: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    });
+    (record, output.status.code().unwrap_or(-1))
+}
+
+#[test]
+fn exit_statuses_follow_timeout_and_docker() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(json(&["-c", "print('hi')"], dir.path()).1, 0);
+    assert_eq!(json(&["-c", "import sys; sys.exit(3)"], dir.path()).1, 3);
+    assert_eq!(json(&["-c", "1/0"], dir.path()).1, 1);
+    let (record, code) = json(&["--timeout", "1", "-c", "while True: pass"], dir.path());
+    assert_eq!((record["status"].as_str(), code), (Some("timeout"), 124));
+    let (record, code) =
+        json(&["--memory", "64", "-c", "x = []\nwhile True: x.append(bytearray(8 << 20))"], dir.path());
+    assert_eq!((record["status"].as_str(), code), (Some("memory_limit"), 137));
+    let output = run(&["--memory", "0", "-c", "1"], dir.path());
+    assert_eq!(output.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("memory_mb") && stderr.contains("16"), "names the field and the fix: {stderr}");
+    let output = run(&["--timeout", "-1", "-c", "1"], dir.path());
+    assert_eq!(output.status.code(), Some(125));
+    let output = run(&["--file", "/nonexistent/file.csv", "-c", "1"], dir.path());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/file.csv"));
+    let output = run(&["--file", "/etc/hostname:/etc/passwd", "-c", "1"], dir.path());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("outside /work"));
+}
+
+#[test]
+fn the_record_has_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("in.txt"), "hello").unwrap();
+    let (record, _) = json(
+        &[
+            "--file",
+            "in.txt",
+            "--out",
+            "/work/o.txt",
+            "-c",
+            "open('/work/o.txt','w').write(open('/work/in.txt').read())",
+        ],
+        dir.path(),
+    );
+    for field in [
+        "status",
+        "limits_hit",
+        "exit_code",
+        "signal",
+        "stdout",
+        "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+        "code",
+        "code_sha256",
+        "language",
+        "policy",
+        "inputs",
+        "artifacts",
+        "usage",
+        "isolation",
+        "image",
+    ] {
+        assert!(record.get(field).is_some(), "missing {field}: {record}");
+    }
+    for field in ["wall_ms", "cpu_ms", "peak_memory_bytes"] {
+        assert!(record["usage"][field].is_u64(), "usage.{field}: {record}");
+    }
+    assert_eq!(record["inputs"][0]["path"], "/work/in.txt");
+    assert_eq!(record["inputs"][0]["sha256"], "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+    assert_eq!(record["artifacts"][0]["bytes"], 5);
+    assert!(record["artifacts"][0]["saved_to"].as_str().unwrap().ends_with("o.txt"));
+    assert_eq!(std::fs::read_to_string(dir.path().join("o.txt")).unwrap(), "hello");
+    assert_eq!(record["image"]["name"], "python-data");
+    assert_eq!(record["policy"]["memory_mb"], 512);
+}
+
+#[test]
+fn the_readable_report_shows_the_code_above_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = run(&["-c", "print('out')\nimport sys\nprint('err', file=sys.stderr)\n6 * 7"], dir.path());
+    let text = String::from_utf8_lossy(&output.stdout);
+    let code_at = text.find("1 │ print('out')").expect("numbered code");
+    let out_at = text.find("── stdout").expect("stdout section");
+    assert!(code_at < out_at, "{text}");
+    assert!(text.contains("── value") && text.contains("\n42\n"), "{text}");
+    assert!(text.contains("err\n"), "{text}");
+    assert!(text.contains("ok · exit 0"), "{text}");
+    assert!(text.contains("peak memory"), "{text}");
+}
+
+/// The weighted median of `price` weighted by `units`, computed here, outside any sandbox.
+fn expected_weighted_median(csv: &str) -> f64 {
+    let mut rows: Vec<(f64, f64)> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[3].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    let half = rows.iter().map(|r| r.1).sum::<f64>() / 2.0;
+    let mut cumulative = 0.0;
+    for (price, units) in rows {
+        cumulative += units;
+        if cumulative >= half {
+            return price;
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn the_weighted_median_job_from_the_readme() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(examples.join("weighted_median.py"), dir.path().join("weighted_median.py")).unwrap();
+    std::fs::copy(examples.join("sales.csv"), dir.path().join("sales.csv")).unwrap();
+    let output = run(&["weighted_median.py", "--file", "sales.csv", "--out", "/work/out.json:out.json"], dir.path());
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
+    let result: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap()).unwrap();
+    let csv = std::fs::read_to_string(dir.path().join("sales.csv")).unwrap();
+    assert_eq!(result["rows"], 4000);
+    assert_eq!(result["weighted_median"].as_f64().unwrap(), expected_weighted_median(&csv));
+}
+
+#[test]
+fn figures_come_back_as_pngs_of_the_right_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = "import matplotlib.pyplot as plt\nplt.figure(figsize=(4, 3), dpi=100)\nplt.plot([1, 2, 3])\nplt.show()\n\
+                plt.figure(figsize=(8, 2))\nplt.bar(['a', 'b'], [3, 4])";
+    let (record, code_) = json(&["-c", code], dir.path());
+    assert_eq!(code_, 0, "{record}");
+    let figures = record["figures"].as_array().unwrap();
+    assert_eq!(figures.len(), 2, "{record}");
+    assert_eq!((figures[0]["width"].as_u64(), figures[0]["height"].as_u64()), (Some(400), Some(300)));
+    assert_eq!((figures[1]["width"].as_u64(), figures[1]["height"].as_u64()), (Some(800), Some(200)));
+    use base64::Engine;
+    let png = base64::engine::general_purpose::STANDARD.decode(figures[0]["png_base64"].as_str().unwrap()).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // Without --json the figures are saved beside the output.
+    let output = run(&["-c", code], dir.path());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("figure-1.png (400x300"), "{text}");
+    let saved = std::fs::read(dir.path().join("figure-2.png")).unwrap();
+    assert_eq!(&saved[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn the_last_expression_errors_and_syntax_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (record, _) = json(&["-c", "x = {'a': [1, 2]}\nx"], dir.path());
+    assert_eq!(record["value"], "{'a': [1, 2]}");
+    let (record, _) = json(&["-c", "x = 1\nprint(x)"], dir.path());
+    assert!(record.get("value").is_none(), "no value without a final expression");
+
+    let (record, code) = json(&["-c", "def f():\n    return 1 / 0\n\nf()"], dir.path());
+    assert_eq!(code, 1);
+    let error = &record["error"];
+    assert_eq!(error["type"], "ZeroDivisionError");
+    assert_eq!(error["line"], 2);
+    let tb = error["traceback"].as_str().unwrap();
+    assert!(tb.contains("line 4, in <module>") && tb.contains("line 2, in f"), "{tb}");
+    assert!(!tb.contains("driver.py"), "airlock's own frames are removed: {tb}");
+
+    let (record, _) = json(&["-c", "x = 1\ny = (2 +\nprint(x"], dir.path());
+    assert_eq!(record["error"]["type"], "SyntaxError");
+    assert_eq!(record["error"]["line"], 3);
+    assert!(record["error"]["column"].as_u64().is_some(), "{record}");
+}
+
+#[test]
+fn a_missing_package_says_what_the_image_holds_and_how_to_get_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (record, _) = json(&["-c", "import sklearn"], dir.path());
+    let message = record["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("python-data") && message.contains("pandas") && message.contains("airlock image build"),
+        "{message}"
+    );
+}
+
+#[test]
+fn shell_code_runs_in_the_image_with_the_usual_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let (record, code) = json(
+        &["--lang", "sh", "-c", "echo a,b | cut -d, -f2; ls / | wc -l; python -c 'import pandas; print(1)'"],
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{record}");
+    assert_eq!(record["stdout"].as_str().unwrap().lines().next(), Some("b"));
+}
+
+#[test]
+fn the_image_is_read_only_from_inside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (record, _) = json(
+        &[
+            "-c",
+            "import pandas, os\np = os.path.dirname(pandas.__file__)\ntry:\n    open(p + '/x', 'w')\n    print('wrote')\nexcept OSError as e:\n    print(type(e).__name__)",
+        ],
+        dir.path(),
+    );
+    assert_eq!(record["stdout"].as_str().unwrap().trim(), "OSError");
+}
