@@ -27,8 +27,9 @@ use crate::host::{
 use crate::http::{BodyFraming, RequestHead, read_head};
 use crate::tls::{HelloScan, MAX_CLIENT_HELLO, scan_client_hello};
 
-/// Bytes moved per read while relaying.
-const RELAY_BUFFER: usize = 256 * 1024;
+/// Bytes moved per read while relaying. Larger buffers measured no faster on
+/// loopback (and neither did splice(2); see bench/results/net.md).
+const RELAY_BUFFER: usize = 128 * 1024;
 /// How long [`ProxyHandle::finish`] waits for connection threads to end
 /// after their sockets are shut down. Only a thread stuck in a resolver or a
 /// connect can take this long; it is then left to end on its own.
@@ -848,7 +849,7 @@ enum RelayEnd {
 }
 
 /// Copies `from` to `to` until one ends, counting and capping bytes, and
-/// passing only the body if `framing` is given.
+/// passing only the request body if `framing` is given.
 fn relay(
     run: &Run,
     connection: &Connection,
