@@ -17,7 +17,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use airlock_policy::{Limit, NetworkEvent, NetworkRecord, NetworkVerdict};
-use rustix::event::{PollFd, PollFlags, poll};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use crate::config::{ProxyConfig, Refusal};
 use crate::error::NetError;
@@ -137,8 +137,8 @@ impl ProxyHandle {
         if self.run.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        // The acceptor polls this socket beside the listener.
-        let _ = self.waker.write_all(&[1]);
+        // The acceptor polls this socket beside the listener; closing it wakes the poll.
+        let _ = self.waker.shutdown(Shutdown::Both);
         if let Some(acceptor) = self.acceptor.take() {
             let _ = acceptor.join();
         }
@@ -414,23 +414,33 @@ impl Connection {
     }
 }
 
-/// Accepts until the waker speaks.
+/// The longest the acceptor sleeps without checking whether the run stopped.
+const ACCEPT_POLL_LIMIT: Timespec = Timespec {
+    tv_sec: 1,
+    tv_nsec: 0,
+};
+
+/// Accepts until the waker closes.
 fn accept_loop(run: &Arc<Run>, listener: &TcpListener, waker: &UnixStream) {
     loop {
         let mut fds = [
             PollFd::new(listener, PollFlags::IN),
             PollFd::new(waker, PollFlags::IN),
         ];
-        let polled = poll(&mut fds, None);
+        // The timeout only backs up the waker: stopping never waits on a client.
+        let polled = poll(&mut fds, Some(&ACCEPT_POLL_LIMIT));
         if run.stopping.load(Ordering::SeqCst) || !fds[1].revents().is_empty() {
             return;
         }
-        if let Err(e) = polled {
-            if e != rustix::io::Errno::INTR {
+        match polled {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => {
                 // Nothing here fails for long; do not spin while it does.
                 thread::sleep(Duration::from_millis(10));
+                continue;
             }
-            continue;
         }
         match listener.accept() {
             Ok((client, _)) => {

@@ -35,7 +35,7 @@ fn plain_http_to_an_allowed_ip_and_port_goes_through_in_origin_form() {
     assert_eq!(status(&answer), 200, "{answer}");
     assert!(answer.ends_with("hello from /path?q=1"), "{answer}");
 
-    server.settle();
+    server.settle(1);
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
     let head = &requests[0].head;
@@ -95,7 +95,7 @@ fn https_through_connect_reaches_an_allowed_ip_and_an_allowed_name() {
     let body = https_get(tunnel, ca.client_config(), "service.test", "/by-name").unwrap();
     assert!(body.ends_with("hello from /by-name"), "{body}");
 
-    server.settle();
+    server.settle(2);
     assert_eq!(
         server.log.lock().unwrap().server_names,
         vec![None, Some("service.test".to_owned())]
@@ -341,7 +341,7 @@ fn a_tls_server_name_that_differs_from_the_connect_host_is_refused() {
     assert!(https_get(tunnel, ca.client_config(), "localhost", "/fronted").is_err());
 
     // Not one byte of either ClientHello reached the server.
-    server.settle();
+    server.settle(2);
     assert_eq!(server.log.lock().unwrap().bytes, 0);
     assert!(server.requests().is_empty());
     let events = proxy.finish().record.connections;
@@ -383,7 +383,7 @@ fn a_plain_request_carries_its_body_and_nothing_smuggled_after_it() {
     );
     assert!(answer.ends_with(chunked), "{answer}");
 
-    server.settle();
+    server.settle(3);
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
     for request in &requests {
@@ -507,7 +507,7 @@ fn the_byte_cap_out_stops_an_upload_at_the_cap() {
     let outcome = proxy.finish();
     assert_eq!(outcome.limits_hit, vec![Limit::NetworkBytes]);
     assert_eq!(outcome.record.connections[0].bytes_out, 500);
-    server.settle();
+    server.settle(1);
     assert_eq!(server.log.lock().unwrap().bytes, 500);
 }
 
@@ -609,7 +609,7 @@ fn slow_and_oversized_request_heads_are_cut_off() {
             .contains("in time"),
         "{events:?}"
     );
-    tls_server.settle();
+    tls_server.settle(1);
     assert_eq!(tls_server.log.lock().unwrap().bytes, 0);
     assert_eq!(server.connections(), 0);
     drop(proxy);

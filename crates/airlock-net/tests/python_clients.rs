@@ -102,8 +102,8 @@ fn urllib_and_requests_go_through_the_proxy_and_only_where_allowed() {
         .collect();
     assert_eq!(refused.len(), 4, "{events:?}");
     assert!(refused.iter().all(|e| e.port == elsewhere.port()));
-    http.settle();
-    https.settle();
+    http.settle(2);
+    https.settle(2);
     assert_eq!(http.requests().len(), 2);
     assert_eq!(https.requests().len(), 2);
 }

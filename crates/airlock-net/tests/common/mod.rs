@@ -59,12 +59,14 @@ impl Server {
         self.log.lock().unwrap().requests.clone()
     }
 
-    /// Waits until the server is done with every connection it accepted.
-    pub fn settle(&self) {
+    /// Waits until the server has accepted `connections` connections (the
+    /// kernel completes a connection before the server accepts it) and is
+    /// done with every one.
+    pub fn settle(&self, connections: usize) {
         let started = std::time::Instant::now();
         while started.elapsed() < PATIENCE {
             let log = self.log.lock().unwrap();
-            if log.finished == log.connections {
+            if log.connections >= connections && log.finished == log.connections {
                 return;
             }
             drop(log);
