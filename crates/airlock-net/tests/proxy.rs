@@ -114,6 +114,51 @@ fn https_through_connect_reaches_an_allowed_ip_and_an_allowed_name() {
 }
 
 #[test]
+fn ipv6_literals_and_names_follow_the_same_rules() {
+    let server = Server::http_v6();
+    let port = server.port();
+    let resolver = Arc::new(StaticResolver::new().with("six.test", &["::1".parse().unwrap()]));
+    let (names_only, addr) = start_proxy(
+        &[format!("six.test:{port}")],
+        resolver.clone(),
+        Caps::default(),
+    );
+    let answer = exchange(
+        addr,
+        format!("GET http://six.test:{port}/ HTTP/1.1\r\nHost: six.test:{port}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status(&answer), 403, "{answer}");
+    assert!(answer.contains("::1 (loopback)"), "{answer}");
+    let (_, head) = connect(addr, &format!("[::1]:{port}"), "");
+    assert_eq!(status(&head), 403, "{head}");
+    assert_eq!(server.connections(), 0);
+    drop(names_only);
+
+    let rules = [format!("six.test:{port}"), format!("[::1]:{port}")];
+    let (proxy, addr) = start_proxy(&rules, resolver, Caps::default());
+    let target = format!("[::1]:{port}");
+    let answer = exchange(
+        addr,
+        format!("GET http://{target}/v6 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
+    );
+    assert!(answer.ends_with("hello from /v6"), "{answer}");
+    let (mut tunnel, head) = connect(addr, &format!("six.test:{port}"), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    tunnel
+        .write_all(format!("GET /tunnel HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut answer = String::new();
+    let _ = tunnel.read_to_string(&mut answer);
+    assert!(answer.ends_with("hello from /tunnel"), "{answer}");
+    let events = proxy.finish().record.connections;
+    assert_eq!(events[0].host, "[::1]");
+    assert!(
+        events.iter().all(|e| e.resolved.as_deref() == Some("::1")),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn a_port_not_in_the_rules_is_refused_and_never_dialled() {
     let allowed = Server::http();
     let other = Server::http();

@@ -77,16 +77,21 @@ impl Server {
 
     /// A plain HTTP server.
     pub fn http() -> Server {
-        Server::start(None)
+        Server::start("127.0.0.1:0", None)
+    }
+
+    /// A plain HTTP server on IPv6 loopback.
+    pub fn http_v6() -> Server {
+        Server::start("[::1]:0", None)
     }
 
     /// An HTTPS server presenting `ca`'s leaf certificate.
     pub fn https(ca: &TestCa) -> Server {
-        Server::start(Some(Arc::new(ca.server_config())))
+        Server::start("127.0.0.1:0", Some(Arc::new(ca.server_config())))
     }
 
-    fn start(tls: Option<Arc<rustls::ServerConfig>>) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    fn start(bind: &str, tls: Option<Arc<rustls::ServerConfig>>) -> Server {
+        let listener = TcpListener::bind(bind).unwrap();
         let addr = listener.local_addr().unwrap();
         let log = Arc::new(Mutex::new(ServerLog::default()));
         let server_log = Arc::clone(&log);
