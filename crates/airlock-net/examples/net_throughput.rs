@@ -56,11 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\n## Time to first byte, {first_byte_samples} paired samples\n");
     println!("| mode | median | p90 |");
     println!("|---|---|---|");
-    println!(
-        "| direct connect + GET | {:.0} us | {:.0} us |",
-        median(&direct),
-        percentile(&direct, 0.9)
-    );
+    println!("| direct connect + GET | {:.0} us | {:.0} us |", median(&direct), percentile(&direct, 0.9));
     println!(
         "| Proxy::start + connect + GET through it | {:.0} us | {:.0} us |",
         median(&proxied),
@@ -75,10 +71,7 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 fn process_cpu_seconds() -> Result<f64, Box<dyn std::error::Error>> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     // Fields after the command name, which is in parentheses and may hold spaces.
-    let after = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .ok_or("unreadable /proc/self/stat")?;
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).ok_or("unreadable /proc/self/stat")?;
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
     Ok(ticks as f64 / rustix::param::clock_ticks_per_second() as f64)
@@ -86,11 +79,7 @@ fn process_cpu_seconds() -> Result<f64, Box<dyn std::error::Error>> {
 
 /// Downloads `bytes` direct and through the proxy both ways, paired, and
 /// prints a table.
-fn throughput(
-    server: SocketAddr,
-    bytes: u64,
-    rounds: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn throughput(server: SocketAddr, bytes: u64, rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
     let modes = [Mode::Direct, Mode::ProxyHttp, Mode::ProxyConnect];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
@@ -100,11 +89,7 @@ fn throughput(
     }
     for round in 0..rounds {
         // A B C, then C B A: each mode runs early and late equally often.
-        let order: Vec<usize> = if round % 2 == 0 {
-            vec![0, 1, 2]
-        } else {
-            vec![2, 1, 0]
-        };
+        let order: Vec<usize> = if round % 2 == 0 { vec![0, 1, 2] } else { vec![2, 1, 0] };
         for index in order {
             let cpu_before = process_cpu_seconds()?;
             let seconds = download(server, modes[index], bytes)?;
@@ -117,11 +102,7 @@ fn throughput(
     );
     println!("|---|---|---|---|---|---|");
     for (index, mode) in modes.iter().enumerate() {
-        let ratios: Vec<f64> = samples[index]
-            .iter()
-            .zip(&samples[0])
-            .map(|(m, d)| m / d)
-            .collect();
+        let ratios: Vec<f64> = samples[index].iter().zip(&samples[0]).map(|(m, d)| m / d).collect();
         println!(
             "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} |",
             mode.name(),
@@ -181,14 +162,8 @@ fn answer(mut stream: TcpStream, block: &[u8], pace: Option<u64>) -> io::Result<
         head.push(byte[0]);
     }
     let text = String::from_utf8_lossy(&head);
-    let size: u64 = text
-        .split(' ')
-        .nth(1)
-        .and_then(|p| p.trim_start_matches('/').parse().ok())
-        .unwrap_or(0);
-    let mut response =
-        format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n")
-            .into_bytes();
+    let size: u64 = text.split(' ').nth(1).and_then(|p| p.trim_start_matches('/').parse().ok()).unwrap_or(0);
+    let mut response = format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n").into_bytes();
     // The head and the start of the body in one write, as a real server would.
     let first = size.min(block.len() as u64) as usize;
     response.extend_from_slice(&block[..first]);
@@ -232,26 +207,19 @@ fn download(server: SocketAddr, mode: Mode, bytes: u64) -> Result<f64, Box<dyn s
     let mut stream = match (&proxy, mode) {
         (Some((_, addr)), Mode::ProxyHttp) => {
             let mut stream = TcpStream::connect(addr)?;
-            stream.write_all(
-                format!("GET http://{server}/{bytes} HTTP/1.1\r\nHost: {server}\r\n\r\n")
-                    .as_bytes(),
-            )?;
+            stream.write_all(format!("GET http://{server}/{bytes} HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes())?;
             stream
         }
         (Some((_, addr)), _) => {
             let mut stream = TcpStream::connect(addr)?;
-            stream.write_all(
-                format!("CONNECT {server} HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes(),
-            )?;
+            stream.write_all(format!("CONNECT {server} HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes())?;
             read_head(&mut stream)?;
-            stream
-                .write_all(format!("GET /{bytes} HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes())?;
+            stream.write_all(format!("GET /{bytes} HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes())?;
             stream
         }
         (None, _) => {
             let mut stream = TcpStream::connect(server)?;
-            stream
-                .write_all(format!("GET /{bytes} HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes())?;
+            stream.write_all(format!("GET /{bytes} HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes())?;
             stream
         }
     };
@@ -261,11 +229,7 @@ fn download(server: SocketAddr, mode: Mode, bytes: u64) -> Result<f64, Box<dyn s
     while received < bytes {
         let n = stream.read(&mut buffer)?;
         if n == 0 {
-            return Err(format!(
-                "{}: the download ended after {received} of {bytes} bytes",
-                mode.name()
-            )
-            .into());
+            return Err(format!("{}: the download ended after {received} of {bytes} bytes", mode.name()).into());
         }
         received += n as u64;
     }
@@ -282,10 +246,7 @@ fn read_head(stream: &mut TcpStream) -> io::Result<()> {
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         if stream.read(&mut byte)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "no response head",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no response head"));
         }
         head.push(byte[0]);
     }
@@ -294,10 +255,7 @@ fn read_head(stream: &mut TcpStream) -> io::Result<()> {
 
 /// Microseconds to the first body byte of a 1-byte download: direct, and
 /// from starting a proxy to the first byte through it (paired samples).
-fn first_bytes(
-    server: SocketAddr,
-    samples: usize,
-) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
+fn first_bytes(server: SocketAddr, samples: usize) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
     let mut direct = Vec::new();
     let mut proxied = Vec::new();
     for _ in 0..samples {
@@ -316,9 +274,7 @@ fn first_bytes(
         let proxy = Proxy::start(listener, config)?;
         let mut stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
-        stream.write_all(
-            format!("GET http://{server}/1 HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes(),
-        )?;
+        stream.write_all(format!("GET http://{server}/1 HTTP/1.1\r\nHost: {server}\r\n\r\n").as_bytes())?;
         read_head(&mut stream)?;
         stream.read_exact(&mut [0u8; 1])?;
         proxied.push(started.elapsed().as_secs_f64() * 1e6);
@@ -340,10 +296,7 @@ fn median(values: &[f64]) -> f64 {
 
 fn percentile(values: &[f64], p: f64) -> f64 {
     let sorted = sorted(values);
-    sorted
-        .get(((sorted.len() as f64 - 1.0) * p).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
+    sorted.get(((sorted.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN)
 }
 
 fn min(values: &[f64]) -> f64 {

@@ -158,31 +158,18 @@ fn classify_v4(ip: Ipv4Addr) -> AddressClass {
     let bits = u32::from(ip);
     IPV4_RANGES
         .iter()
-        .find(|(network, prefix, _)| {
-            in_prefix(
-                u128::from(bits),
-                u128::from(u32::from_be_bytes(*network)),
-                *prefix,
-                32,
-            )
-        })
+        .find(|(network, prefix, _)| in_prefix(u128::from(bits), u128::from(u32::from_be_bytes(*network)), *prefix, 32))
         .map_or(AddressClass::Public, |(_, _, class)| *class)
 }
 
 fn classify_v6(ip: Ipv6Addr) -> AddressClass {
     let bits = u128::from(ip);
-    if let Some((_, _, class)) = IPV6_RANGES
-        .iter()
-        .find(|(network, prefix, _)| in_prefix(bits, *network, *prefix, 128))
+    if let Some((_, _, class)) = IPV6_RANGES.iter().find(|(network, prefix, _)| in_prefix(bits, *network, *prefix, 128))
     {
         return *class;
     }
     // Global unicast is 2000::/3; nothing else is assigned for the public.
-    if bits >> 125 == 0b001 {
-        AddressClass::Public
-    } else {
-        AddressClass::Reserved
-    }
+    if bits >> 125 == 0b001 { AddressClass::Public } else { AddressClass::Reserved }
 }
 
 /// Whether the top `prefix` of `width` bits of `value` equal those of `network`.
@@ -300,21 +287,13 @@ mod tests {
         assert_eq!(class("2002:a9fe:a9fe::1"), AddressClass::LinkLocal);
         assert_eq!(class("2002:7f00:1::"), AddressClass::Loopback);
         assert_eq!(class("2002:0808:0808::1"), AddressClass::Public);
-        assert_eq!(
-            embedded_ipv4("2002:c0a8:0101::".parse().unwrap()),
-            Some(Ipv4Addr::new(192, 168, 1, 1))
-        );
+        assert_eq!(embedded_ipv4("2002:c0a8:0101::".parse().unwrap()), Some(Ipv4Addr::new(192, 168, 1, 1)));
         assert_eq!(embedded_ipv4("2606:4700::1111".parse().unwrap()), None);
     }
 
     #[test]
     fn global_unicast_ipv6_is_public() {
-        for ip in [
-            "2606:4700:4700::1111",
-            "2a00:1450:4001::1",
-            "2001:200::1",
-            "2400:cb00::1",
-        ] {
+        for ip in ["2606:4700:4700::1111", "2a00:1450:4001::1", "2001:200::1", "2400:cb00::1"] {
             assert_eq!(class(ip), AddressClass::Public, "{ip}");
         }
     }

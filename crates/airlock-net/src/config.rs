@@ -67,22 +67,17 @@ impl ProxyConfig {
                 if self.allows_ip(ip, port) {
                     Ok(vec![SocketAddr::new(ip, port)])
                 } else {
-                    Err(Refusal::NotAllowed(format!(
-                        "{}:{port} is not in the allowlist{}",
-                        host,
-                        class_note(ip)
-                    )))
+                    Err(Refusal::NotAllowed(format!("{}:{port} is not in the allowlist{}", host, class_note(ip))))
                 }
             }
             RequestHost::Name(name) => {
                 if !self.rules.iter().any(|rule| rule.allows_name(name, port)) {
-                    return Err(Refusal::NotAllowed(format!(
-                        "{name}:{port} is not in the allowlist"
-                    )));
+                    return Err(Refusal::NotAllowed(format!("{name}:{port} is not in the allowlist")));
                 }
-                let resolved = self.resolver.resolve(name).map_err(|e| {
-                    Refusal::Unresolvable(format!("{name} could not be resolved: {e}"))
-                })?;
+                let resolved = self
+                    .resolver
+                    .resolve(name)
+                    .map_err(|e| Refusal::Unresolvable(format!("{name} could not be resolved: {e}")))?;
                 let mut allowed = Vec::new();
                 let mut refused = Vec::new();
                 for ip in resolved.into_iter().map(|ip| ip.to_canonical()) {
@@ -95,9 +90,7 @@ impl ProxyConfig {
                 if !allowed.is_empty() {
                     Ok(allowed)
                 } else if refused.is_empty() {
-                    Err(Refusal::Unresolvable(format!(
-                        "{name} resolves to no address"
-                    )))
+                    Err(Refusal::Unresolvable(format!("{name} resolves to no address")))
                 } else {
                     Err(Refusal::NotAllowed(format!(
                         "{name} resolves only to addresses a name rule never reaches: {}",
@@ -115,23 +108,14 @@ impl ProxyConfig {
             IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
             IpAddr::V6(_) => ip,
         };
-        self.rules
-            .iter()
-            .any(|rule| rule.allows_ip(ip, port) || rule.allows_ip(mapped, port))
+        self.rules.iter().any(|rule| rule.allows_ip(ip, port) || rule.allows_ip(mapped, port))
     }
 }
 
 impl fmt::Debug for ProxyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProxyConfig")
-            .field(
-                "rules",
-                &self
-                    .rules
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-            )
+            .field("rules", &self.rules.iter().map(ToString::to_string).collect::<Vec<_>>())
             .field("max_bytes_in", &self.max_bytes_in)
             .field("max_bytes_out", &self.max_bytes_out)
             .field("max_connections", &self.max_connections)
@@ -161,11 +145,7 @@ impl Refusal {
 /// ` (link-local ...)` for an address in a forbidden class, else nothing.
 fn class_note(ip: IpAddr) -> String {
     let class = classify(ip);
-    if class.is_forbidden() {
-        format!(" ({class})")
-    } else {
-        String::new()
-    }
+    if class.is_forbidden() { format!(" ({class})") } else { String::new() }
 }
 
 #[cfg(test)]
@@ -181,10 +161,7 @@ mod tests {
             max_bytes_in: 1,
             max_connections: 1,
         };
-        ProxyConfig {
-            resolver,
-            ..ProxyConfig::from_policy(&policy)
-        }
+        ProxyConfig { resolver, ..ProxyConfig::from_policy(&policy) }
     }
 
     fn route(config: &ProxyConfig, host: &str, port: u16) -> Result<Vec<SocketAddr>, Refusal> {
@@ -199,18 +176,9 @@ mod tests {
     fn names_no_rule_allows_are_never_resolved() {
         let resolver = Arc::new(StaticResolver::new().with("evil.test", &[ip("93.184.216.34")]));
         let config = config(&["api.example.com", "*.example.org:8443"], resolver.clone());
-        assert!(matches!(
-            route(&config, "evil.test", 443),
-            Err(Refusal::NotAllowed(_))
-        ));
-        assert!(matches!(
-            route(&config, "api.example.com", 8080),
-            Err(Refusal::NotAllowed(_))
-        ));
-        assert!(matches!(
-            route(&config, "example.org", 8443),
-            Err(Refusal::NotAllowed(_))
-        ));
+        assert!(matches!(route(&config, "evil.test", 443), Err(Refusal::NotAllowed(_))));
+        assert!(matches!(route(&config, "api.example.com", 8080), Err(Refusal::NotAllowed(_))));
+        assert!(matches!(route(&config, "example.org", 8443), Err(Refusal::NotAllowed(_))));
         assert!(resolver.lookups().is_empty());
     }
 
@@ -218,86 +186,36 @@ mod tests {
     fn allowed_names_go_only_to_public_addresses() {
         let resolver = Arc::new(
             StaticResolver::new()
-                .with(
-                    "api.example.com",
-                    &[
-                        ip("10.0.0.1"),
-                        ip("93.184.216.34"),
-                        ip("::ffff:169.254.169.254"),
-                    ],
-                )
-                .with(
-                    "rebind.example.com",
-                    &[ip("127.0.0.1"), ip("::ffff:a9fe:a9fe"), ip("fd00::1")],
-                ),
+                .with("api.example.com", &[ip("10.0.0.1"), ip("93.184.216.34"), ip("::ffff:169.254.169.254")])
+                .with("rebind.example.com", &[ip("127.0.0.1"), ip("::ffff:a9fe:a9fe"), ip("fd00::1")]),
         );
         let config = config(&["*.example.com"], resolver.clone());
-        assert_eq!(
-            route(&config, "API.example.com.", 443),
-            Ok(vec![SocketAddr::new(ip("93.184.216.34"), 443)])
-        );
+        assert_eq!(route(&config, "API.example.com.", 443), Ok(vec![SocketAddr::new(ip("93.184.216.34"), 443)]));
         let refusal = route(&config, "rebind.example.com", 80).unwrap_err();
         assert!(matches!(refusal, Refusal::NotAllowed(_)));
-        for needle in [
-            "127.0.0.1 (loopback)",
-            "169.254.169.254 (link-local",
-            "fd00::1 (private)",
-        ] {
-            assert!(
-                refusal.reason().contains(needle),
-                "{refusal:?} should name {needle}"
-            );
+        for needle in ["127.0.0.1 (loopback)", "169.254.169.254 (link-local", "fd00::1 (private)"] {
+            assert!(refusal.reason().contains(needle), "{refusal:?} should name {needle}");
         }
-        assert_eq!(
-            resolver.lookups(),
-            vec!["api.example.com", "rebind.example.com"]
-        );
+        assert_eq!(resolver.lookups(), vec!["api.example.com", "rebind.example.com"]);
     }
 
     #[test]
     fn an_exact_ip_rule_opens_that_address_and_port_only() {
-        let resolver =
-            Arc::new(StaticResolver::new().with("svc.test", &[ip("127.0.0.1"), ip("127.0.0.2")]));
+        let resolver = Arc::new(StaticResolver::new().with("svc.test", &[ip("127.0.0.1"), ip("127.0.0.2")]));
         let config = config(&["127.0.0.1:8080", "svc.test:8080", "[::1]:9000"], resolver);
-        assert_eq!(
-            route(&config, "127.0.0.1", 8080),
-            Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)])
-        );
-        assert_eq!(
-            route(&config, "[::ffff:127.0.0.1]", 8080),
-            Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)])
-        );
-        assert_eq!(
-            route(&config, "2130706433", 8080),
-            Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)])
-        );
-        assert_eq!(
-            route(&config, "svc.test", 8080),
-            Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)])
-        );
-        assert_eq!(
-            route(&config, "[::1]", 9000),
-            Ok(vec![SocketAddr::new(ip("::1"), 9000)])
-        );
-        for (host, port) in [
-            ("127.0.0.1", 8081),
-            ("127.0.0.2", 8080),
-            ("[::1]", 8080),
-            ("169.254.169.254", 80),
-        ] {
-            assert!(
-                matches!(route(&config, host, port), Err(Refusal::NotAllowed(_))),
-                "{host}:{port}"
-            );
+        assert_eq!(route(&config, "127.0.0.1", 8080), Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)]));
+        assert_eq!(route(&config, "[::ffff:127.0.0.1]", 8080), Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)]));
+        assert_eq!(route(&config, "2130706433", 8080), Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)]));
+        assert_eq!(route(&config, "svc.test", 8080), Ok(vec![SocketAddr::new(ip("127.0.0.1"), 8080)]));
+        assert_eq!(route(&config, "[::1]", 9000), Ok(vec![SocketAddr::new(ip("::1"), 9000)]));
+        for (host, port) in [("127.0.0.1", 8081), ("127.0.0.2", 8080), ("[::1]", 8080), ("169.254.169.254", 80)] {
+            assert!(matches!(route(&config, host, port), Err(Refusal::NotAllowed(_))), "{host}:{port}");
         }
     }
 
     #[test]
     fn a_name_that_does_not_resolve_is_not_a_policy_refusal() {
         let config = config(&["missing.test"], Arc::new(StaticResolver::new()));
-        assert!(matches!(
-            route(&config, "missing.test", 443),
-            Err(Refusal::Unresolvable(_))
-        ));
+        assert!(matches!(route(&config, "missing.test", 443), Err(Refusal::Unresolvable(_))));
     }
 }

@@ -51,13 +51,9 @@ pub enum HostError {
     BadPort(String),
     #[error("{0:?} has no port")]
     MissingPort(String),
-    #[error(
-        "{0:?} is not an absolute http:// URL; send requests to the proxy as GET http://host/path"
-    )]
+    #[error("{0:?} is not an absolute http:// URL; send requests to the proxy as GET http://host/path")]
     NotAbsolute(String),
-    #[error(
-        "the scheme {0:?} cannot be proxied as plain HTTP; https goes through CONNECT, other schemes not at all"
-    )]
+    #[error("the scheme {0:?} cannot be proxied as plain HTTP; https goes through CONNECT, other schemes not at all")]
     Scheme(String),
 }
 
@@ -68,13 +64,9 @@ pub fn parse_host(text: &str) -> Result<RequestHost, HostError> {
         return Err(HostError::Empty);
     }
     if let Some(inner) = text.strip_prefix('[') {
-        let literal = inner
-            .strip_suffix(']')
-            .ok_or_else(|| HostError::BadIpv6(text.to_owned()))?;
+        let literal = inner.strip_suffix(']').ok_or_else(|| HostError::BadIpv6(text.to_owned()))?;
         // A zone id (`%eth0`) names an interface of this host: never.
-        let ip: Ipv6Addr = literal
-            .parse()
-            .map_err(|_| HostError::BadIpv6(text.to_owned()))?;
+        let ip: Ipv6Addr = literal.parse().map_err(|_| HostError::BadIpv6(text.to_owned()))?;
         return Ok(RequestHost::Ip(IpAddr::V6(ip).to_canonical()));
     }
     let trimmed = text.strip_suffix('.').unwrap_or(text);
@@ -87,9 +79,7 @@ pub fn parse_host(text: &str) -> Result<RequestHost, HostError> {
     if trimmed.is_empty() || trimmed.ends_with('.') {
         return Err(HostError::BadName(text.to_owned()));
     }
-    normalize_name(trimmed)
-        .map(RequestHost::Name)
-        .map_err(|_| HostError::BadName(text.to_owned()))
+    normalize_name(trimmed).map(RequestHost::Name).map_err(|_| HostError::BadName(text.to_owned()))
 }
 
 /// Reads `host[:port]`, where host may be a bracketed IPv6 literal. The port
@@ -109,9 +99,7 @@ pub fn parse_authority(text: &str) -> Result<(RequestHost, Option<u16>), HostErr
 /// The host text and the port text of an authority.
 pub(crate) fn split_port(text: &str) -> Result<(&str, Option<&str>), HostError> {
     if text.starts_with('[') {
-        let end = text
-            .find(']')
-            .ok_or_else(|| HostError::BadIpv6(text.to_owned()))?;
+        let end = text.find(']').ok_or_else(|| HostError::BadIpv6(text.to_owned()))?;
         let (host, rest) = text.split_at(end + 1);
         return match rest.strip_prefix(':') {
             Some(port) => Ok((host, Some(port))),
@@ -127,13 +115,8 @@ pub(crate) fn split_port(text: &str) -> Result<(&str, Option<&str>), HostError> 
 
 /// A port: 1 to 65535 in decimal digits, nothing else (no sign, no spaces).
 pub fn parse_port(digits: &str) -> Result<u16, HostError> {
-    let valid =
-        !digits.is_empty() && digits.len() <= 5 && digits.bytes().all(|b| b.is_ascii_digit());
-    digits
-        .parse::<u16>()
-        .ok()
-        .filter(|port| valid && *port != 0)
-        .ok_or_else(|| HostError::BadPort(digits.to_owned()))
+    let valid = !digits.is_empty() && digits.len() <= 5 && digits.bytes().all(|b| b.is_ascii_digit());
+    digits.parse::<u16>().ok().filter(|port| valid && *port != 0).ok_or_else(|| HostError::BadPort(digits.to_owned()))
 }
 
 /// An absolute-form request target split into what the proxy needs.
@@ -168,12 +151,7 @@ pub fn parse_absolute_url(target: &str) -> Result<AbsoluteUrl, HostError> {
         Some('?') => format!("/{path}"),
         Some(_) => path.to_owned(),
     };
-    Ok(AbsoluteUrl {
-        authority: authority.to_owned(),
-        host,
-        port: port.unwrap_or(80),
-        path,
-    })
+    Ok(AbsoluteUrl { authority: authority.to_owned(), host, port: port.unwrap_or(80), path })
 }
 
 /// Whether a host's last label is a number, which makes the whole host an
@@ -194,10 +172,7 @@ pub fn parse_ipv4(text: &str) -> Option<Ipv4Addr> {
     if parts.len() > 4 {
         return None;
     }
-    let numbers: Vec<u64> = parts
-        .iter()
-        .map(|part| parse_ipv4_number(part))
-        .collect::<Option<_>>()?;
+    let numbers: Vec<u64> = parts.iter().map(|part| parse_ipv4_number(part)).collect::<Option<_>>()?;
     let (last, leading) = numbers.split_last()?;
     if leading.iter().any(|n| *n > 255) {
         return None;
@@ -206,10 +181,7 @@ pub fn parse_ipv4(text: &str) -> Option<Ipv4Addr> {
     if *last >= 1u64 << (8 * last_bytes) {
         return None;
     }
-    let high = leading
-        .iter()
-        .enumerate()
-        .fold(0u64, |acc, (i, n)| acc | (n << (8 * (3 - i as u32))));
+    let high = leading.iter().enumerate().fold(0u64, |acc, (i, n)| acc | (n << (8 * (3 - i as u32))));
     u32::try_from(high | last).ok().map(Ipv4Addr::from)
 }
 
@@ -217,18 +189,16 @@ fn parse_ipv4_number(part: &str) -> Option<u64> {
     if part.is_empty() {
         return None;
     }
-    let (digits, radix) =
-        if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
-            (hex, 16)
-        } else if part.len() > 1 && part.starts_with('0') {
-            (&part[1..], 8)
-        } else {
-            (part, 10)
-        };
+    let (digits, radix) = if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+        (hex, 16)
+    } else if part.len() > 1 && part.starts_with('0') {
+        (&part[1..], 8)
+    } else {
+        (part, 10)
+    };
     digits.chars().try_fold(0u64, |acc, c| {
         let digit = c.to_digit(radix)?;
-        acc.checked_mul(u64::from(radix))?
-            .checked_add(u64::from(digit))
+        acc.checked_mul(u64::from(radix))?.checked_add(u64::from(digit))
     })
 }
 
@@ -257,11 +227,7 @@ mod tests {
             "[::ffff:a9fe:a9fe]",
             "[::FFFF:A9FE:A9FE]",
         ] {
-            assert_eq!(
-                parse_host(spelling),
-                Ok(RequestHost::Ip(METADATA)),
-                "{spelling}"
-            );
+            assert_eq!(parse_host(spelling), Ok(RequestHost::Ip(METADATA)), "{spelling}");
         }
     }
 
@@ -281,28 +247,15 @@ mod tests {
             "09.1.1.1",
             "99999999999999999999999",
         ] {
-            assert!(
-                matches!(parse_host(bad), Err(HostError::BadIpv4(_))),
-                "{bad}: {:?}",
-                parse_host(bad)
-            );
+            assert!(matches!(parse_host(bad), Err(HostError::BadIpv4(_))), "{bad}: {:?}", parse_host(bad));
         }
     }
 
     #[test]
     fn names_are_normalised_and_checked() {
-        assert_eq!(
-            parse_host("API.Example.COM."),
-            Ok(RequestHost::Name("api.example.com".into()))
-        );
-        assert_eq!(
-            parse_host("1e100.net"),
-            Ok(RequestHost::Name("1e100.net".into()))
-        );
-        assert_eq!(
-            parse_host("0x.example"),
-            Ok(RequestHost::Name("0x.example".into()))
-        );
+        assert_eq!(parse_host("API.Example.COM."), Ok(RequestHost::Name("api.example.com".into())));
+        assert_eq!(parse_host("1e100.net"), Ok(RequestHost::Name("1e100.net".into())));
+        assert_eq!(parse_host("0x.example"), Ok(RequestHost::Name("0x.example".into())));
         // Not hex, so not a number: a name, as the URL standard and inet_aton agree.
         assert_eq!(parse_host("0x1g"), Ok(RequestHost::Name("0x1g".into())));
         for bad in [
@@ -324,36 +277,20 @@ mod tests {
     #[test]
     fn authorities_split_host_and_port() {
         let localhost = RequestHost::Ip("127.0.0.1".parse().unwrap());
-        assert_eq!(
-            parse_authority("127.0.0.1:8080"),
-            Ok((localhost.clone(), Some(8080)))
-        );
+        assert_eq!(parse_authority("127.0.0.1:8080"), Ok((localhost.clone(), Some(8080))));
         assert_eq!(parse_authority("127.0.0.1"), Ok((localhost.clone(), None)));
         assert_eq!(parse_authority("127.0.0.1:"), Ok((localhost, None)));
-        assert_eq!(
-            parse_authority("[::1]:443"),
-            Ok((RequestHost::Ip("::1".parse().unwrap()), Some(443)))
-        );
+        assert_eq!(parse_authority("[::1]:443"), Ok((RequestHost::Ip("::1".parse().unwrap()), Some(443))));
         assert_eq!(
             parse_authority("[::ffff:7f00:1]:80"),
             Ok((RequestHost::Ip("127.0.0.1".parse().unwrap()), Some(80)))
         );
-        for bad in [
-            "a.com:0",
-            "a.com:65536",
-            "a.com:+80",
-            "a.com: 80",
-            "a.com:80:81",
-            "[::1]x",
-            "::1:443",
-            "user@a.com:80",
-        ] {
+        for bad in
+            ["a.com:0", "a.com:65536", "a.com:+80", "a.com: 80", "a.com:80:81", "[::1]x", "::1:443", "user@a.com:80"]
+        {
             assert!(parse_authority(bad).is_err(), "{bad}");
         }
-        assert!(matches!(
-            parse_authority("good.com@evil.com"),
-            Err(HostError::Userinfo(_))
-        ));
+        assert!(matches!(parse_authority("good.com@evil.com"), Err(HostError::Userinfo(_))));
     }
 
     #[test]
@@ -366,10 +303,7 @@ mod tests {
         let url = parse_absolute_url("HTTP://example.com?q").unwrap();
         assert_eq!((url.port, url.path.as_str()), (80, "/?q"));
         assert_eq!(parse_absolute_url("http://example.com").unwrap().path, "/");
-        assert_eq!(
-            parse_absolute_url("http://2852039166/latest").unwrap().host,
-            RequestHost::Ip(METADATA)
-        );
+        assert_eq!(parse_absolute_url("http://2852039166/latest").unwrap().host, RequestHost::Ip(METADATA));
     }
 
     #[test]
@@ -386,17 +320,8 @@ mod tests {
         ] {
             assert!(parse_absolute_url(bad).is_err(), "{bad}");
         }
-        assert!(matches!(
-            parse_absolute_url("/path"),
-            Err(HostError::NotAbsolute(_))
-        ));
-        assert!(matches!(
-            parse_absolute_url("https://example.com/"),
-            Err(HostError::Scheme(_))
-        ));
-        assert!(matches!(
-            parse_absolute_url("ftp://example.com/"),
-            Err(HostError::Scheme(_))
-        ));
+        assert!(matches!(parse_absolute_url("/path"), Err(HostError::NotAbsolute(_))));
+        assert!(matches!(parse_absolute_url("https://example.com/"), Err(HostError::Scheme(_))));
+        assert!(matches!(parse_absolute_url("ftp://example.com/"), Err(HostError::Scheme(_))));
     }
 }

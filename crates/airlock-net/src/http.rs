@@ -23,10 +23,7 @@ pub struct RequestHead {
 impl RequestHead {
     /// Every value of header `name` (case-insensitive).
     pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.headers
-            .iter()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
+        self.headers.iter().filter(move |(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice())
     }
 }
 
@@ -37,9 +34,7 @@ pub enum HeadError {
     Closed,
     #[error("no whole request head arrived in time")]
     Timeout,
-    #[error(
-        "the request head is larger than {MAX_HEAD_BYTES} bytes or has more than {MAX_HEADERS} fields"
-    )]
+    #[error("the request head is larger than {MAX_HEAD_BYTES} bytes or has more than {MAX_HEADERS} fields")]
     TooLarge,
     #[error("the request head is not valid HTTP/1: {0}")]
     Malformed(httparse::Error),
@@ -61,10 +56,7 @@ impl HeadError {
 /// Reads one request head from `stream` by `deadline`. Returns the head and
 /// the bytes that arrived after it (the start of a body, or a TLS ClientHello
 /// sent without waiting for the CONNECT reply).
-pub fn read_head(
-    stream: &TcpStream,
-    deadline: Instant,
-) -> Result<(RequestHead, Vec<u8>), HeadError> {
+pub fn read_head(stream: &TcpStream, deadline: Instant) -> Result<(RequestHead, Vec<u8>), HeadError> {
     let mut reader = stream;
     let mut buffer = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
@@ -79,19 +71,12 @@ pub fn read_head(
         if remaining.is_zero() {
             return Err(HeadError::Timeout);
         }
-        stream
-            .set_read_timeout(Some(remaining))
-            .map_err(HeadError::Io)?;
+        stream.set_read_timeout(Some(remaining)).map_err(HeadError::Io)?;
         let room = chunk.len().min(MAX_HEAD_BYTES - buffer.len());
         match reader.read(&mut chunk[..room]) {
             Ok(0) => return Err(HeadError::Closed),
             Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 return Err(HeadError::Timeout);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -111,11 +96,7 @@ fn parse_head(buffer: &[u8]) -> Result<Option<(RequestHead, Vec<u8>)>, HeadError
                 method: request.method.unwrap_or_default().to_owned(),
                 target: request.path.unwrap_or_default().to_owned(),
                 version: request.version.unwrap_or(1),
-                headers: request
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.to_owned(), h.value.to_vec()))
-                    .collect(),
+                headers: request.headers.iter().map(|h| (h.name.to_owned(), h.value.to_vec())).collect(),
             };
             Ok(Some((head, buffer[length..].to_vec())))
         }
@@ -162,17 +143,12 @@ impl BodyFraming {
             }
             ([], _) => Err(FramingError::UnsupportedEncoding),
             ([length], []) => {
-                let text = std::str::from_utf8(length.trim_ascii())
-                    .map_err(|_| FramingError::BadLength)?;
+                let text = std::str::from_utf8(length.trim_ascii()).map_err(|_| FramingError::BadLength)?;
                 if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(FramingError::BadLength);
                 }
                 let n: u64 = text.parse().map_err(|_| FramingError::BadLength)?;
-                Ok(if n == 0 {
-                    BodyFraming::Done
-                } else {
-                    BodyFraming::Length(n)
-                })
+                Ok(if n == 0 { BodyFraming::Done } else { BodyFraming::Length(n) })
             }
             (_, []) => Err(FramingError::BadLength),
             _ => Err(FramingError::Ambiguous),
@@ -243,14 +219,9 @@ impl Chunked {
         let mut at = 0;
         while at < data.len() && self.state != ChunkState::Done {
             if let ChunkState::Data(remaining) = self.state {
-                let taken =
-                    usize::try_from(remaining).map_or(data.len() - at, |r| r.min(data.len() - at));
+                let taken = usize::try_from(remaining).map_or(data.len() - at, |r| r.min(data.len() - at));
                 let left = remaining - taken as u64;
-                self.state = if left == 0 {
-                    ChunkState::DataCr
-                } else {
-                    ChunkState::Data(left)
-                };
+                self.state = if left == 0 { ChunkState::DataCr } else { ChunkState::Data(left) };
                 at += taken;
                 continue;
             }
@@ -264,17 +235,13 @@ impl Chunked {
         use ChunkState::*;
         self.line += 1;
         if self.line > MAX_CHUNK_LINE {
-            return Err(FramingError::BadChunk(
-                "a chunk-size or trailer line is too long",
-            ));
+            return Err(FramingError::BadChunk("a chunk-size or trailer line is too long"));
         }
         let hex = (byte as char).to_digit(16).map(u64::from);
         self.state = match (self.state, byte, hex) {
             (SizeStart, _, Some(d)) => Size(d),
             (SizeStart, _, None) => {
-                return Err(FramingError::BadChunk(
-                    "a chunk does not start with its size",
-                ));
+                return Err(FramingError::BadChunk("a chunk does not start with its size"));
             }
             (Size(n), _, Some(d)) => Size(
                 n.checked_mul(16)
@@ -301,9 +268,7 @@ impl Chunked {
             (TrailerLf, b'\n', _) => TrailerStart,
             (FinalLf, b'\n', _) => Done,
             _ => {
-                return Err(FramingError::BadChunk(
-                    "unexpected byte in the chunk framing",
-                ));
+                return Err(FramingError::BadChunk("unexpected byte in the chunk framing"));
             }
         };
         if matches!(self.state, SizeStart | Data(_) | TrailerStart | Done) {
@@ -327,47 +292,25 @@ mod tests {
     #[test]
     fn a_head_parses_and_keeps_what_follows() {
         let (parsed, rest) =
-            parse_head(b"GET http://a.com/ HTTP/1.1\r\nHost: a.com\r\nX: 1\r\n\r\nBODY")
-                .unwrap()
-                .unwrap();
+            parse_head(b"GET http://a.com/ HTTP/1.1\r\nHost: a.com\r\nX: 1\r\n\r\nBODY").unwrap().unwrap();
         assert_eq!(parsed.method, "GET");
         assert_eq!(parsed.target, "http://a.com/");
         assert_eq!(parsed.version, 1);
         assert_eq!(parsed.values("HOST").collect::<Vec<_>>(), vec![b"a.com"]);
         assert_eq!(rest, b"BODY");
         assert!(parse_head(b"GET / HTTP/1.1\r\nHost: a").unwrap().is_none());
-        assert!(matches!(
-            parse_head(b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n"),
-            Err(HeadError::Malformed(_))
-        ));
-        let many = format!(
-            "GET / HTTP/1.1\r\n{}\r\n",
-            "A: b\r\n".repeat(MAX_HEADERS + 1)
-        );
-        assert!(matches!(
-            parse_head(many.as_bytes()),
-            Err(HeadError::TooLarge)
-        ));
+        assert!(matches!(parse_head(b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n"), Err(HeadError::Malformed(_))));
+        let many = format!("GET / HTTP/1.1\r\n{}\r\n", "A: b\r\n".repeat(MAX_HEADERS + 1));
+        assert!(matches!(parse_head(many.as_bytes()), Err(HeadError::TooLarge)));
     }
 
     #[test]
     fn framing_follows_the_headers() {
-        assert_eq!(
-            BodyFraming::of(&head("GET / HTTP/1.1\r\n\r\n")),
-            Ok(BodyFraming::Done)
-        );
-        assert_eq!(
-            BodyFraming::of(&head("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n")),
-            Ok(BodyFraming::Length(5))
-        );
-        assert_eq!(
-            BodyFraming::of(&head("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")),
-            Ok(BodyFraming::Done)
-        );
+        assert_eq!(BodyFraming::of(&head("GET / HTTP/1.1\r\n\r\n")), Ok(BodyFraming::Done));
+        assert_eq!(BodyFraming::of(&head("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n")), Ok(BodyFraming::Length(5)));
+        assert_eq!(BodyFraming::of(&head("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")), Ok(BodyFraming::Done));
         assert!(matches!(
-            BodyFraming::of(&head(
-                "POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"
-            )),
+            BodyFraming::of(&head("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n")),
             Ok(BodyFraming::Chunked(_))
         ));
         for bad in [
@@ -403,37 +346,22 @@ mod tests {
         assert!(whole.is_done());
 
         let mut bytewise = BodyFraming::Chunked(Chunked::default());
-        let taken: usize = stream
-            .iter()
-            .map(|b| bytewise.advance(std::slice::from_ref(b)).unwrap())
-            .sum();
+        let taken: usize = stream.iter().map(|b| bytewise.advance(std::slice::from_ref(b)).unwrap()).sum();
         assert_eq!(taken, body.len());
     }
 
     #[test]
     fn malformed_chunks_are_refused() {
-        for bad in [
-            &b"x\r\n"[..],
-            b"5\nhello",
-            b"5\r\nhelloX",
-            b"fffffffffffffffff\r\n",
-            b"0\r\nTrailer\n",
-        ] {
+        for bad in [&b"x\r\n"[..], b"5\nhello", b"5\r\nhelloX", b"fffffffffffffffff\r\n", b"0\r\nTrailer\n"] {
             let mut framing = BodyFraming::Chunked(Chunked::default());
-            assert!(
-                framing.advance(bad).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
+            assert!(framing.advance(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         let mut long_extension = b"1;".to_vec();
         long_extension.resize(MAX_CHUNK_LINE + 1, b'a');
         let mut framing = BodyFraming::Chunked(Chunked::default());
         assert_eq!(
             framing.advance(&long_extension),
-            Err(FramingError::BadChunk(
-                "a chunk-size or trailer line is too long"
-            ))
+            Err(FramingError::BadChunk("a chunk-size or trailer line is too long"))
         );
     }
 }

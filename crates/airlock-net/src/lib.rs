@@ -48,10 +48,7 @@ use std::net::SocketAddr;
 pub use address::{AddressClass, IPV4_RANGES, IPV6_RANGES, classify, embedded_ipv4, is_forbidden};
 pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEAD_TIMEOUT, ProxyConfig, Refusal};
 pub use error::NetError;
-pub use host::{
-    AbsoluteUrl, HostError, RequestHost, parse_absolute_url, parse_authority, parse_host,
-    parse_ipv4,
-};
+pub use host::{AbsoluteUrl, HostError, RequestHost, parse_absolute_url, parse_authority, parse_host, parse_ipv4};
 pub use http::{MAX_HEAD_BYTES, MAX_HEADERS};
 pub use proxy::{Proxy, ProxyHandle, ProxyOutcome};
 pub use resolve::{Resolve, StaticResolver, SystemResolver};
@@ -62,15 +59,8 @@ pub use tls::{HelloScan, MAX_CLIENT_HELLO, scan_client_hello};
 /// in which they read. Set them only when hosts are allowed.
 pub fn proxy_environment(proxy: SocketAddr) -> Vec<(&'static str, String)> {
     let url = format!("http://{proxy}");
-    [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ]
-    .into_iter()
-    .map(|name| (name, url.clone()))
-    .collect()
+    ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
+        .into_iter()
+        .map(|name| (name, url.clone()))
+        .collect()
 }

@@ -21,9 +21,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use crate::config::{ProxyConfig, Refusal};
 use crate::error::NetError;
-use crate::host::{
-    HostError, RequestHost, parse_absolute_url, parse_authority, parse_host, split_port,
-};
+use crate::host::{HostError, RequestHost, parse_absolute_url, parse_authority, parse_host, split_port};
 use crate::http::{BodyFraming, RequestHead, read_head};
 use crate::tls::{HelloScan, MAX_CLIENT_HELLO, scan_client_hello};
 
@@ -49,9 +47,7 @@ impl Proxy {
     /// Serves `listener` (already listening, usually inside the sandbox's
     /// network namespace) on its own threads until [`ProxyHandle::finish`].
     pub fn start(listener: TcpListener, config: ProxyConfig) -> Result<ProxyHandle, NetError> {
-        if !rustix::net::sockopt::socket_acceptconn(&listener)
-            .map_err(|e| NetError::Listener(e.into()))?
-        {
+        if !rustix::net::sockopt::socket_acceptconn(&listener).map_err(|e| NetError::Listener(e.into()))? {
             return Err(NetError::Listener(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the socket is not listening; call listen() on it before handing it to the proxy",
@@ -67,11 +63,7 @@ impl Proxy {
                 .spawn(move || accept_loop(&run, &listener, &wakee))
                 .map_err(NetError::Thread)?
         };
-        Ok(ProxyHandle {
-            run,
-            waker,
-            acceptor: Some(acceptor),
-        })
+        Ok(ProxyHandle { run, waker, acceptor: Some(acceptor) })
     }
 }
 
@@ -100,8 +92,7 @@ pub struct ProxyOutcome {
 impl ProxyHandle {
     /// Whether a byte or connection cap has been reached (cheap; for polling).
     pub fn limit_hit(&self) -> bool {
-        self.run.byte_cap_hit.load(Ordering::SeqCst)
-            || self.run.connection_cap_hit.load(Ordering::SeqCst)
+        self.run.byte_cap_hit.load(Ordering::SeqCst) || self.run.connection_cap_hit.load(Ordering::SeqCst)
     }
 
     /// The caps reached so far.
@@ -116,8 +107,7 @@ impl ProxyHandle {
         let deadline = Instant::now() + FINISH_GRACE;
         loop {
             let mut workers = lock(&self.run.workers);
-            let (done, running): (Vec<_>, Vec<_>) =
-                workers.drain(..).partition(|worker| worker.is_finished());
+            let (done, running): (Vec<_>, Vec<_>) = workers.drain(..).partition(|worker| worker.is_finished());
             *workers = running;
             drop(workers);
             for worker in done {
@@ -186,9 +176,7 @@ struct Run {
 
 impl std::fmt::Debug for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Run")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
+        f.debug_struct("Run").field("config", &self.config).finish_non_exhaustive()
     }
 }
 
@@ -264,8 +252,7 @@ impl Run {
         let mut used = counter.load(Ordering::SeqCst);
         loop {
             let granted = cap.saturating_sub(used).min(wanted);
-            match counter.compare_exchange(used, used + granted, Ordering::SeqCst, Ordering::SeqCst)
-            {
+            match counter.compare_exchange(used, used + granted, Ordering::SeqCst, Ordering::SeqCst) {
                 // `granted <= wanted`, which came from a usize.
                 Ok(_) => return granted as usize,
                 Err(actual) => used = actual,
@@ -278,10 +265,7 @@ impl Run {
         let number = self.accepted.fetch_add(1, Ordering::SeqCst) + 1;
         if number > u64::from(self.config.max_connections) {
             self.connection_cap_hit.store(true, Ordering::SeqCst);
-            let reason = format!(
-                "the run's cap of {} connections was reached",
-                self.config.max_connections
-            );
+            let reason = format!("the run's cap of {} connections was reached", self.config.max_connections);
             if number == u64::from(self.config.max_connections) + 1 {
                 let connection = Connection::new(number);
                 connection.note(&reason);
@@ -298,12 +282,10 @@ impl Run {
         let spawned = {
             let run = Arc::clone(self);
             let connection = Arc::clone(&connection);
-            thread::Builder::new()
-                .name(format!("airlock-net-{number}"))
-                .spawn(move || {
-                    serve(&run, &connection, &client);
-                    connection.end();
-                })
+            thread::Builder::new().name(format!("airlock-net-{number}")).spawn(move || {
+                serve(&run, &connection, &client);
+                connection.end();
+            })
         };
         match spawned {
             Ok(worker) => {
@@ -415,18 +397,12 @@ impl Connection {
 }
 
 /// The longest the acceptor sleeps without checking whether the run stopped.
-const ACCEPT_POLL_LIMIT: Timespec = Timespec {
-    tv_sec: 1,
-    tv_nsec: 0,
-};
+const ACCEPT_POLL_LIMIT: Timespec = Timespec { tv_sec: 1, tv_nsec: 0 };
 
 /// Accepts until the waker closes.
 fn accept_loop(run: &Arc<Run>, listener: &TcpListener, waker: &UnixStream) {
     loop {
-        let mut fds = [
-            PollFd::new(listener, PollFlags::IN),
-            PollFd::new(waker, PollFlags::IN),
-        ];
+        let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(waker, PollFlags::IN)];
         // The timeout only backs up the waker: stopping never waits on a client.
         let polled = poll(&mut fds, Some(&ACCEPT_POLL_LIMIT));
         if run.stopping.load(Ordering::SeqCst) || !fds[1].revents().is_empty() {
@@ -450,11 +426,7 @@ fn accept_loop(run: &Arc<Run>, listener: &TcpListener, waker: &UnixStream) {
                     run.admit(client);
                 }
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
             Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
             // Out of descriptors, most likely: wait for some to close.
             Err(_) => thread::sleep(Duration::from_millis(10)),
@@ -476,10 +448,7 @@ enum Stop {
 impl From<Refusal> for Stop {
     fn from(refusal: Refusal) -> Stop {
         match refusal {
-            Refusal::NotAllowed(reason) => Stop::Denied {
-                status: 403,
-                reason,
-            },
+            Refusal::NotAllowed(reason) => Stop::Denied { status: 403, reason },
             Refusal::Unresolvable(reason) => Stop::Failed(reason),
         }
     }
@@ -492,17 +461,11 @@ impl From<Ended> for Stop {
 }
 
 fn bad_request(reason: impl Into<String>) -> Stop {
-    Stop::Denied {
-        status: 400,
-        reason: reason.into(),
-    }
+    Stop::Denied { status: 400, reason: reason.into() }
 }
 
 fn forbidden(reason: impl Into<String>) -> Stop {
-    Stop::Denied {
-        status: 403,
-        reason: reason.into(),
-    }
+    Stop::Denied { status: 403, reason: reason.into() }
 }
 
 /// Serves one connection from its first byte to its close.
@@ -512,10 +475,7 @@ fn serve(run: &Run, connection: &Connection, client: &TcpStream) {
     }
     let deadline = Instant::now() + run.config.head_timeout;
     let result = match read_head(client, deadline) {
-        Err(e) => Err(Stop::Denied {
-            status: e.status(),
-            reason: e.to_string(),
-        }),
+        Err(e) => Err(Stop::Denied { status: e.status(), reason: e.to_string() }),
         Ok((head, early)) => {
             let _ = client.set_read_timeout(None);
             if head.method == "CONNECT" {
@@ -549,10 +509,8 @@ fn tunnel(
 ) -> Result<(), Stop> {
     let (host_text, _) = split_port(&head.target).unwrap_or((&head.target, None));
     connection.describe(host_text, 0);
-    let (host, port) =
-        parse_authority(&head.target).map_err(|e| bad_request(format!("CONNECT target: {e}")))?;
-    let port =
-        port.ok_or_else(|| bad_request(format!("CONNECT target {:?} has no port", head.target)))?;
+    let (host, port) = parse_authority(&head.target).map_err(|e| bad_request(format!("CONNECT target: {e}")))?;
+    let port = port.ok_or_else(|| bad_request(format!("CONNECT target {:?} has no port", head.target)))?;
     connection.describe(host_text, port);
     // A Host header is optional on CONNECT; without a port it names the host only.
     check_host_header(head, &host, port, None, &head.target)?;
@@ -561,26 +519,16 @@ fn tunnel(
     connection.allow(dialled);
     run.track(connection.id, &upstream)?;
     let mut reply = client;
-    reply
-        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        .map_err(|_| Stop::Ended)?;
-    relay_both(
-        run,
-        connection,
-        client,
-        &upstream,
-        || match check_client_hello(run, client, early, &host) {
-            Ok(Some(first)) => {
-                match forward_bytes(run, connection, &upstream, &first, Direction::Out) {
-                    Ok(()) => relay(run, connection, client, &upstream, Direction::Out, None),
-                    Err(end) => end,
-                }
-            }
-            // The client closed before sending anything through the tunnel.
-            Ok(None) => RelayEnd::Eof,
-            Err(reason) => RelayEnd::Refused(reason),
+    reply.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").map_err(|_| Stop::Ended)?;
+    relay_both(run, connection, client, &upstream, || match check_client_hello(run, client, early, &host) {
+        Ok(Some(first)) => match forward_bytes(run, connection, &upstream, &first, Direction::Out) {
+            Ok(()) => relay(run, connection, client, &upstream, Direction::Out, None),
+            Err(end) => end,
         },
-    )
+        // The client closed before sending anything through the tunnel.
+        Ok(None) => RelayEnd::Eof,
+        Err(reason) => RelayEnd::Refused(reason),
+    })
 }
 
 /// Reads what the client sends first through a tunnel and refuses a TLS
@@ -600,15 +548,11 @@ fn check_client_hello(
     loop {
         match scan_client_hello(&data) {
             HelloScan::NotTls | HelloScan::Hello { server_name: None } => break,
-            HelloScan::Hello {
-                server_name: Some(name),
-            } => {
+            HelloScan::Hello { server_name: Some(name) } => {
                 if parse_host(&name).as_ref() == Ok(host) {
                     break;
                 }
-                return Err(format!(
-                    "the TLS server name {name:?} differs from the CONNECT host {host}"
-                ));
+                return Err(format!("the TLS server name {name:?} differs from the CONNECT host {host}"));
             }
             HelloScan::Malformed(why) => return Err(format!("unreadable TLS ClientHello: {why}")),
             HelloScan::Incomplete => {}
@@ -632,18 +576,11 @@ fn check_client_hello(
         match reader.read(&mut chunk) {
             Ok(0) if data.is_empty() => return Ok(None),
             Ok(0) => {
-                return Err(
-                    "the client closed the tunnel in the middle of a TLS ClientHello".into(),
-                );
+                return Err("the client closed the tunnel in the middle of a TLS ClientHello".into());
             }
             Ok(n) => data.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 return Err("no whole TLS ClientHello arrived in time".into());
             }
             Err(e) => return Err(format!("reading the TLS ClientHello: {e}")),
@@ -663,9 +600,9 @@ fn forward(
     early: Vec<u8>,
 ) -> Result<(), Stop> {
     let url = parse_absolute_url(&head.target).map_err(|e| match e {
-        HostError::NotAbsolute(_) => bad_request(format!(
-            "{e} (it came in origin form: use this address as an HTTP proxy, not as a server)"
-        )),
+        HostError::NotAbsolute(_) => {
+            bad_request(format!("{e} (it came in origin form: use this address as an HTTP proxy, not as a server)"))
+        }
         e => bad_request(format!("request target: {e}")),
     })?;
     let (host_text, _) = split_port(&url.authority).unwrap_or((&url.authority, None));
@@ -679,13 +616,9 @@ fn forward(
     let (upstream, dialled) = dial(&addresses, run.config.connect_timeout)?;
     connection.allow(dialled);
     run.track(connection.id, &upstream)?;
-    if let Err(end) = forward_bytes(
-        run,
-        connection,
-        &upstream,
-        &upstream_head(head, &url.path, &url.authority),
-        Direction::Out,
-    ) {
+    if let Err(end) =
+        forward_bytes(run, connection, &upstream, &upstream_head(head, &url.path, &url.authority), Direction::Out)
+    {
         end_direction(run, connection, end, client, &upstream, Direction::Out);
         return Ok(());
     }
@@ -694,21 +627,13 @@ fn forward(
             Ok(taken) => taken,
             Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
         };
-        if let Err(end) = forward_bytes(run, connection, &upstream, &early[..taken], Direction::Out)
-        {
+        if let Err(end) = forward_bytes(run, connection, &upstream, &early[..taken], Direction::Out) {
             return end;
         }
         if framing.is_done() {
             return RelayEnd::BodyDone;
         }
-        relay(
-            run,
-            connection,
-            client,
-            &upstream,
-            Direction::Out,
-            Some(framing),
-        )
+        relay(run, connection, client, &upstream, Direction::Out, Some(framing))
     })?;
     // The answer is passed and the client's side closed; let the client read
     // it before closing (unread pipelined bytes would reset the connection).
@@ -763,28 +688,16 @@ fn check_host_header(
     if values.next().is_some() {
         return Err(bad_request("the request has more than one Host header"));
     }
-    let value = std::str::from_utf8(value)
-        .map(str::trim)
-        .map_err(|_| bad_request("the Host header is not text"))?;
-    let (named, named_port) =
-        parse_authority(value).map_err(|e| bad_request(format!("Host header: {e}")))?;
+    let value = std::str::from_utf8(value).map(str::trim).map_err(|_| bad_request("the Host header is not text"))?;
+    let (named, named_port) = parse_authority(value).map_err(|e| bad_request(format!("Host header: {e}")))?;
     if named != *host || named_port.or(implied_port).is_some_and(|p| p != port) {
-        return Err(forbidden(format!(
-            "the Host header {value:?} differs from the request's target {target:?}"
-        )));
+        return Err(forbidden(format!("the Host header {value:?} differs from the request's target {target:?}")));
     }
     Ok(true)
 }
 
 /// Headers that concern one hop only, and so never go upstream.
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "upgrade",
-    "proxy-connection",
-];
+const HOP_BY_HOP: [&str; 6] = ["connection", "keep-alive", "te", "trailer", "upgrade", "proxy-connection"];
 /// Headers that delimit the body, which the proxy forwards as it checked them.
 const FRAMING: [&str; 3] = ["content-length", "transfer-encoding", "host"];
 
@@ -796,10 +709,7 @@ fn upstream_head(head: &RequestHead, path: &str, authority: &str) -> Vec<u8> {
     let named_by_connection: Vec<String> = head
         .values("connection")
         .flat_map(|value| {
-            String::from_utf8_lossy(value)
-                .split(',')
-                .map(|t| t.trim().to_ascii_lowercase())
-                .collect::<Vec<_>>()
+            String::from_utf8_lossy(value).split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>()
         })
         .filter(|token| !FRAMING.contains(&token.as_str()))
         .collect();
@@ -810,10 +720,7 @@ fn upstream_head(head: &RequestHead, path: &str, authority: &str) -> Vec<u8> {
     }
     for (name, value) in &head.headers {
         let lower = name.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&lower.as_str())
-            || lower.starts_with("proxy-")
-            || named_by_connection.contains(&lower)
-        {
+        if HOP_BY_HOP.contains(&lower.as_str()) || lower.starts_with("proxy-") || named_by_connection.contains(&lower) {
             continue;
         }
         out.extend_from_slice(name.as_bytes());
@@ -837,10 +744,7 @@ fn dial(addresses: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, Socke
             Err(e) => failures.push(format!("{address}: {e}")),
         }
     }
-    Err(Stop::Failed(format!(
-        "could not connect: {}",
-        failures.join("; ")
-    )))
+    Err(Stop::Failed(format!("could not connect: {}", failures.join("; "))))
 }
 
 /// How one direction of a relay ended.
@@ -906,9 +810,7 @@ fn forward_bytes(
     }
     let granted = run.take_budget(direction, data.len());
     let mut writer = to;
-    writer
-        .write_all(&data[..granted])
-        .map_err(RelayEnd::Error)?;
+    writer.write_all(&data[..granted]).map_err(RelayEnd::Error)?;
     connection.count(direction, granted);
     if granted < data.len() {
         run.byte_cap_hit.store(true, Ordering::SeqCst);

@@ -51,17 +51,13 @@ impl StaticResolver {
 
     /// Makes `name` resolve to `addresses`, in that order.
     pub fn with(mut self, name: &str, addresses: &[IpAddr]) -> StaticResolver {
-        self.table
-            .insert(name.to_ascii_lowercase(), addresses.to_vec());
+        self.table.insert(name.to_ascii_lowercase(), addresses.to_vec());
         self
     }
 
     /// Every name asked for so far, in order, repeats included.
     pub fn lookups(&self) -> Vec<String> {
-        self.asked
-            .lock()
-            .map(|asked| asked.clone())
-            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+        self.asked.lock().map(|asked| asked.clone()).unwrap_or_else(|poisoned| poisoned.into_inner().clone())
     }
 }
 
@@ -71,12 +67,10 @@ impl Resolve for StaticResolver {
             Ok(mut asked) => asked.push(name.to_owned()),
             Err(poisoned) => poisoned.into_inner().push(name.to_owned()),
         }
-        self.table.get(name).cloned().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{name} is not in the static table"),
-            )
-        })
+        self.table
+            .get(name)
+            .cloned()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{name} is not in the static table")))
     }
 }
 
@@ -87,10 +81,7 @@ mod tests {
     #[test]
     fn static_resolver_answers_from_its_table_and_counts() {
         let resolver = StaticResolver::new().with("Evil.Test", &["10.0.0.1".parse().unwrap()]);
-        assert_eq!(
-            resolver.resolve("evil.test").unwrap(),
-            vec!["10.0.0.1".parse::<IpAddr>().unwrap()]
-        );
+        assert_eq!(resolver.resolve("evil.test").unwrap(), vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
         assert!(resolver.resolve("other.test").is_err());
         assert_eq!(resolver.lookups(), vec!["evil.test", "other.test"]);
     }

@@ -67,9 +67,8 @@ pub fn scan_client_hello(data: &[u8]) -> HelloScan {
         if handshake[0] != CLIENT_HELLO {
             return HelloScan::Malformed("the first handshake message is not a ClientHello");
         }
-        let message_length = usize::from(handshake[1]) << 16
-            | usize::from(handshake[2]) << 8
-            | usize::from(handshake[3]);
+        let message_length =
+            usize::from(handshake[1]) << 16 | usize::from(handshake[2]) << 8 | usize::from(handshake[3]);
         if message_length > MAX_CLIENT_HELLO {
             return HelloScan::Malformed("the ClientHello is larger than the proxy reads");
         }
@@ -112,10 +111,7 @@ fn server_name(body: &[u8]) -> Result<Option<String>, &'static str> {
 /// The one host_name entry of a server_name extension.
 fn host_name(extension: &[u8]) -> Result<String, &'static str> {
     let mut list = Reader(extension);
-    let mut names = Reader(
-        list.vector(2)
-            .ok_or("the server_name extension is truncated")?,
-    );
+    let mut names = Reader(list.vector(2).ok_or("the server_name extension is truncated")?);
     if !list.0.is_empty() {
         return Err("the server_name extension has trailing bytes");
     }
@@ -151,10 +147,7 @@ impl<'a> Reader<'a> {
 
     /// A vector whose length prefix is `prefix` (1 or 2) bytes.
     fn vector(&mut self, prefix: usize) -> Option<&'a [u8]> {
-        let length = self
-            .take(prefix)?
-            .iter()
-            .fold(0usize, |acc, b| acc << 8 | usize::from(*b));
+        let length = self.take(prefix)?.iter().fold(0usize, |acc, b| acc << 8 | usize::from(*b));
         self.take(length)
     }
 }
@@ -208,32 +201,20 @@ mod tests {
 
     #[test]
     fn reads_the_server_name_whole_split_and_in_pieces() {
-        let hello = client_hello(&[
-            (10, vec![0, 2, 0, 29]),
-            (0, sni(&[(0, "API.Example.com.")])),
-        ]);
-        let expected = HelloScan::Hello {
-            server_name: Some("api.example.com".into()),
-        };
+        let hello = client_hello(&[(10, vec![0, 2, 0, 29]), (0, sni(&[(0, "API.Example.com.")]))]);
+        let expected = HelloScan::Hello { server_name: Some("api.example.com".into()) };
         assert_eq!(scan_client_hello(&records(&hello, 1 << 14)), expected);
         let split = records(&hello, 7);
         assert_eq!(scan_client_hello(&split), expected);
         for cut in 0..split.len() {
-            assert_eq!(
-                scan_client_hello(&split[..cut]),
-                HelloScan::Incomplete,
-                "cut at {cut}"
-            );
+            assert_eq!(scan_client_hello(&split[..cut]), HelloScan::Incomplete, "cut at {cut}");
         }
     }
 
     #[test]
     fn a_hello_without_a_name_has_none() {
         let hello = client_hello(&[(10, vec![0, 2, 0, 29])]);
-        assert_eq!(
-            scan_client_hello(&records(&hello, 1000)),
-            HelloScan::Hello { server_name: None }
-        );
+        assert_eq!(scan_client_hello(&records(&hello, 1000)), HelloScan::Hello { server_name: None });
     }
 
     #[test]
@@ -246,33 +227,18 @@ mod tests {
     #[test]
     fn ambiguous_hellos_are_malformed() {
         let two_names = client_hello(&[(0, sni(&[(0, "a.com"), (0, "b.com")]))]);
-        assert!(matches!(
-            scan_client_hello(&records(&two_names, 1000)),
-            HelloScan::Malformed(_)
-        ));
+        assert!(matches!(scan_client_hello(&records(&two_names, 1000)), HelloScan::Malformed(_)));
         let two_extensions = client_hello(&[(0, sni(&[(0, "a.com")])), (0, sni(&[(0, "b.com")]))]);
-        assert!(matches!(
-            scan_client_hello(&records(&two_extensions, 1000)),
-            HelloScan::Malformed(_)
-        ));
+        assert!(matches!(scan_client_hello(&records(&two_extensions, 1000)), HelloScan::Malformed(_)));
         let mut not_hello = client_hello(&[]);
         not_hello[0] = 2;
-        assert!(matches!(
-            scan_client_hello(&records(&not_hello, 1000)),
-            HelloScan::Malformed(_)
-        ));
+        assert!(matches!(scan_client_hello(&records(&not_hello, 1000)), HelloScan::Malformed(_)));
         let mut interrupted = records(&client_hello(&[(0, sni(&[(0, "a.com")]))]), 10);
         interrupted[15] = 23;
-        assert!(matches!(
-            scan_client_hello(&interrupted),
-            HelloScan::Malformed(_)
-        ));
+        assert!(matches!(scan_client_hello(&interrupted), HelloScan::Malformed(_)));
         let mut truncated = client_hello(&[(0, sni(&[(0, "a.com")]))]);
         truncated[3] = truncated[3].wrapping_sub(3);
         truncated.truncate(truncated.len() - 3);
-        assert!(matches!(
-            scan_client_hello(&records(&truncated, 1000)),
-            HelloScan::Malformed(_)
-        ));
+        assert!(matches!(scan_client_hello(&records(&truncated, 1000)), HelloScan::Malformed(_)));
     }
 }

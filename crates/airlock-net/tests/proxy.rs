@@ -40,31 +40,19 @@ fn plain_http_to_an_allowed_ip_and_port_goes_through_in_origin_form() {
     assert_eq!(requests.len(), 1);
     let head = &requests[0].head;
     assert!(head.starts_with("GET /path?q=1 HTTP/1.1\r\n"), "{head}");
-    assert!(
-        head.contains(&format!("Host: 127.0.0.1:{port}\r\n")),
-        "{head}"
-    );
+    assert!(head.contains(&format!("Host: 127.0.0.1:{port}\r\n")), "{head}");
     assert!(head.contains("X-Keep: keep me\r\n"), "{head}");
     assert!(head.contains("Connection: close\r\n"), "{head}");
     for gone in ["Proxy-", "X-Hop", "keep-alive"] {
-        assert!(
-            !head.contains(gone),
-            "{gone} should not reach the server: {head}"
-        );
+        assert!(!head.contains(gone), "{gone} should not reach the server: {head}");
     }
 
     let outcome = proxy.finish();
-    assert_eq!(
-        outcome.record.allowed_hosts,
-        vec![format!("127.0.0.1:{port}")]
-    );
+    assert_eq!(outcome.record.allowed_hosts, vec![format!("127.0.0.1:{port}")]);
     let events = outcome.record.connections;
     assert_eq!(events.len(), 1);
     let event = &events[0];
-    assert_eq!(
-        (event.host.as_str(), event.port, event.verdict),
-        ("127.0.0.1", port, NetworkVerdict::Allowed)
-    );
+    assert_eq!((event.host.as_str(), event.port, event.verdict), ("127.0.0.1", port, NetworkVerdict::Allowed));
     assert_eq!(event.resolved.as_deref(), Some("127.0.0.1"));
     assert_eq!(event.bytes_in, answer.len() as u64);
     assert!(event.bytes_out > 0);
@@ -80,11 +68,7 @@ fn https_through_connect_reaches_an_allowed_ip_and_an_allowed_name() {
     let rules = [format!("service.test:{port}"), format!("127.0.0.1:{port}")];
     let (proxy, addr) = start_proxy(&rules, resolver.clone(), Caps::default());
 
-    let (tunnel, head) = connect(
-        addr,
-        &format!("127.0.0.1:{port}"),
-        &format!("Host: 127.0.0.1:{port}\r\n"),
-    );
+    let (tunnel, head) = connect(addr, &format!("127.0.0.1:{port}"), &format!("Host: 127.0.0.1:{port}\r\n"));
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     // A client sends no server name for an IP address.
     let body = https_get(tunnel, ca.client_config(), "127.0.0.1", "/by-ip").unwrap();
@@ -96,17 +80,12 @@ fn https_through_connect_reaches_an_allowed_ip_and_an_allowed_name() {
     assert!(body.ends_with("hello from /by-name"), "{body}");
 
     server.settle(2);
-    assert_eq!(
-        server.log.lock().unwrap().server_names,
-        vec![None, Some("service.test".to_owned())]
-    );
+    assert_eq!(server.log.lock().unwrap().server_names, vec![None, Some("service.test".to_owned())]);
     assert_eq!(resolver.lookups(), vec!["service.test"]);
     let events = proxy.finish().record.connections;
     assert_eq!(events.len(), 2);
     assert!(
-        events
-            .iter()
-            .all(|e| e.verdict == NetworkVerdict::Allowed && e.bytes_in > 0 && e.bytes_out > 0),
+        events.iter().all(|e| e.verdict == NetworkVerdict::Allowed && e.bytes_in > 0 && e.bytes_out > 0),
         "{events:?}"
     );
     assert_eq!(events[1].host, "Service.Test.");
@@ -118,15 +97,9 @@ fn ipv6_literals_and_names_follow_the_same_rules() {
     let server = Server::http_v6();
     let port = server.port();
     let resolver = Arc::new(StaticResolver::new().with("six.test", &["::1".parse().unwrap()]));
-    let (names_only, addr) = start_proxy(
-        &[format!("six.test:{port}")],
-        resolver.clone(),
-        Caps::default(),
-    );
-    let answer = exchange(
-        addr,
-        format!("GET http://six.test:{port}/ HTTP/1.1\r\nHost: six.test:{port}\r\n\r\n").as_bytes(),
-    );
+    let (names_only, addr) = start_proxy(&[format!("six.test:{port}")], resolver.clone(), Caps::default());
+    let answer =
+        exchange(addr, format!("GET http://six.test:{port}/ HTTP/1.1\r\nHost: six.test:{port}\r\n\r\n").as_bytes());
     assert_eq!(status(&answer), 403, "{answer}");
     assert!(answer.contains("::1 (loopback)"), "{answer}");
     let (_, head) = connect(addr, &format!("[::1]:{port}"), "");
@@ -137,41 +110,26 @@ fn ipv6_literals_and_names_follow_the_same_rules() {
     let rules = [format!("six.test:{port}"), format!("[::1]:{port}")];
     let (proxy, addr) = start_proxy(&rules, resolver, Caps::default());
     let target = format!("[::1]:{port}");
-    let answer = exchange(
-        addr,
-        format!("GET http://{target}/v6 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
-    );
+    let answer = exchange(addr, format!("GET http://{target}/v6 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
     assert!(answer.ends_with("hello from /v6"), "{answer}");
     let (mut tunnel, head) = connect(addr, &format!("six.test:{port}"), "");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    tunnel
-        .write_all(format!("GET /tunnel HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-        .unwrap();
+    tunnel.write_all(format!("GET /tunnel HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).unwrap();
     let mut answer = String::new();
     let _ = tunnel.read_to_string(&mut answer);
     assert!(answer.ends_with("hello from /tunnel"), "{answer}");
     let events = proxy.finish().record.connections;
     assert_eq!(events[0].host, "[::1]");
-    assert!(
-        events.iter().all(|e| e.resolved.as_deref() == Some("::1")),
-        "{events:?}"
-    );
+    assert!(events.iter().all(|e| e.resolved.as_deref() == Some("::1")), "{events:?}");
 }
 
 #[test]
 fn a_port_not_in_the_rules_is_refused_and_never_dialled() {
     let allowed = Server::http();
     let other = Server::http();
-    let (proxy, addr) = start_proxy(
-        &[format!("127.0.0.1:{}", allowed.port())],
-        no_names(),
-        Caps::default(),
-    );
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{}", allowed.port())], no_names(), Caps::default());
     let target = format!("127.0.0.1:{}", other.port());
-    let answer = exchange(
-        addr,
-        format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
-    );
+    let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
     assert_eq!(status(&answer), 403, "{answer}");
     assert!(answer.contains("not in the allowlist"), "{answer}");
     let (_, head) = connect(addr, &target, "");
@@ -179,12 +137,7 @@ fn a_port_not_in_the_rules_is_refused_and_never_dialled() {
     assert_eq!(other.connections(), 0);
     let events = proxy.finish().record.connections;
     assert_eq!(events.len(), 2);
-    assert!(
-        events
-            .iter()
-            .all(|e| e.verdict == NetworkVerdict::Denied && e.resolved.is_none()),
-        "{events:?}"
-    );
+    assert!(events.iter().all(|e| e.verdict == NetworkVerdict::Denied && e.resolved.is_none()), "{events:?}");
     assert_eq!(events[0].port, other.port());
 }
 
@@ -193,30 +146,16 @@ fn a_name_not_allowed_is_refused_without_any_lookup() {
     let server = Server::http();
     let port = server.port();
     let resolver = Arc::new(StaticResolver::new().with("elsewhere.test", &[loopback()]));
-    let (proxy, addr) = start_proxy(
-        &["*.allowed.test".to_owned(), format!("127.0.0.1:{port}")],
-        resolver.clone(),
-        Caps::default(),
-    );
-    for host in [
-        "elsewhere.test",
-        "allowed.test",
-        "evil-allowed.test",
-        "allowed.test.evil.test",
-    ] {
-        let answer = exchange(
-            addr,
-            format!("GET http://{host}:{port}/ HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
-        );
+    let (proxy, addr) =
+        start_proxy(&["*.allowed.test".to_owned(), format!("127.0.0.1:{port}")], resolver.clone(), Caps::default());
+    for host in ["elsewhere.test", "allowed.test", "evil-allowed.test", "allowed.test.evil.test"] {
+        let answer =
+            exchange(addr, format!("GET http://{host}:{port}/ HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes());
         assert_eq!(status(&answer), 403, "{host}: {answer}");
         let (_, head) = connect(addr, &format!("{host}:443"), "");
         assert_eq!(status(&head), 403, "{host}: {head}");
     }
-    assert!(
-        resolver.lookups().is_empty(),
-        "looked up {:?}",
-        resolver.lookups()
-    );
+    assert!(resolver.lookups().is_empty(), "looked up {:?}", resolver.lookups());
     assert_eq!(server.connections(), 0);
     drop(proxy);
 }
@@ -225,11 +164,8 @@ fn a_name_not_allowed_is_refused_without_any_lookup() {
 fn every_spelling_of_the_metadata_address_is_refused_and_never_resolved() {
     let resolver = Arc::new(StaticResolver::new());
     // A wildcard that would match any name: the spellings must not be names.
-    let (proxy, addr) = start_proxy(
-        &["*.a.test".to_owned(), "169.254.169.254.test".to_owned()],
-        resolver.clone(),
-        Caps::default(),
-    );
+    let (proxy, addr) =
+        start_proxy(&["*.a.test".to_owned(), "169.254.169.254.test".to_owned()], resolver.clone(), Caps::default());
     let spellings = [
         "169.254.169.254",
         "169.254.169.254.",
@@ -245,14 +181,10 @@ fn every_spelling_of_the_metadata_address_is_refused_and_never_resolved() {
     for spelling in spellings {
         let answer = exchange(
             addr,
-            format!("GET http://{spelling}/latest/meta-data/ HTTP/1.1\r\nHost: {spelling}\r\n\r\n")
-                .as_bytes(),
+            format!("GET http://{spelling}/latest/meta-data/ HTTP/1.1\r\nHost: {spelling}\r\n\r\n").as_bytes(),
         );
         assert_eq!(status(&answer), 403, "{spelling}: {answer}");
-        assert!(
-            answer.contains("169.254.169.254") && answer.contains("link-local"),
-            "{spelling}: {answer}"
-        );
+        assert!(answer.contains("169.254.169.254") && answer.contains("link-local"), "{spelling}: {answer}");
         let (_, head) = connect(addr, &format!("{spelling}:80"), "");
         assert_eq!(status(&head), 403, "{spelling}: {head}");
     }
@@ -261,20 +193,10 @@ fn every_spelling_of_the_metadata_address_is_refused_and_never_resolved() {
         let (_, head) = connect(addr, &format!("{bad}:80"), "");
         assert_eq!(status(&head), 400, "{bad}: {head}");
     }
-    assert!(
-        resolver.lookups().is_empty(),
-        "looked up {:?}",
-        resolver.lookups()
-    );
+    assert!(resolver.lookups().is_empty(), "looked up {:?}", resolver.lookups());
     let outcome = proxy.finish();
     assert_eq!(outcome.record.connections.len(), 2 * spellings.len() + 3);
-    assert!(
-        outcome
-            .record
-            .connections
-            .iter()
-            .all(|e| e.verdict == NetworkVerdict::Denied && e.resolved.is_none())
-    );
+    assert!(outcome.record.connections.iter().all(|e| e.verdict == NetworkVerdict::Denied && e.resolved.is_none()));
     assert_eq!(outcome.record.connections[8].host, "0xa9.0xfe.0xa9.0xfe");
 }
 
@@ -284,36 +206,18 @@ fn a_name_that_resolves_to_a_forbidden_address_is_refused_unless_that_ip_is_allo
     let port = server.port();
     let resolver = Arc::new(
         StaticResolver::new()
-            .with(
-                "evil.test",
-                &[
-                    "10.0.0.1".parse().unwrap(),
-                    "::ffff:169.254.169.254".parse().unwrap(),
-                ],
-            )
+            .with("evil.test", &["10.0.0.1".parse().unwrap(), "::ffff:169.254.169.254".parse().unwrap()])
             .with("local.test", &[loopback()]),
     );
-    let (proxy_only_names, addr) = start_proxy(
-        &[format!("evil.test:{port}"), format!("local.test:{port}")],
-        resolver.clone(),
-        Caps::default(),
-    );
-    let answer = exchange(
-        addr,
-        format!("GET http://evil.test:{port}/ HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n")
-            .as_bytes(),
-    );
+    let (proxy_only_names, addr) =
+        start_proxy(&[format!("evil.test:{port}"), format!("local.test:{port}")], resolver.clone(), Caps::default());
+    let answer =
+        exchange(addr, format!("GET http://evil.test:{port}/ HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n").as_bytes());
     assert_eq!(status(&answer), 403, "{answer}");
-    assert!(
-        answer.contains("10.0.0.1 (private)") && answer.contains("169.254.169.254 (link-local"),
-        "{answer}"
-    );
+    assert!(answer.contains("10.0.0.1 (private)") && answer.contains("169.254.169.254 (link-local"), "{answer}");
     // The server really is at the address local.test names; the proxy still refuses.
-    let answer = exchange(
-        addr,
-        format!("GET http://local.test:{port}/ HTTP/1.1\r\nHost: local.test:{port}\r\n\r\n")
-            .as_bytes(),
-    );
+    let answer =
+        exchange(addr, format!("GET http://local.test:{port}/ HTTP/1.1\r\nHost: local.test:{port}\r\n\r\n").as_bytes());
     assert_eq!(status(&answer), 403, "{answer}");
     assert!(answer.contains("127.0.0.1 (loopback)"), "{answer}");
     assert_eq!(server.connections(), 0);
@@ -321,15 +225,11 @@ fn a_name_that_resolves_to_a_forbidden_address_is_refused_unless_that_ip_is_allo
     drop(proxy_only_names);
 
     // An exact IP rule opens that address to the name.
-    let (proxy, addr) = start_proxy(
-        &[format!("local.test:{port}"), format!("127.0.0.1:{port}")],
-        resolver,
-        Caps::default(),
-    );
+    let (proxy, addr) =
+        start_proxy(&[format!("local.test:{port}"), format!("127.0.0.1:{port}")], resolver, Caps::default());
     let answer = exchange(
         addr,
-        format!("GET http://local.test:{port}/ok HTTP/1.1\r\nHost: local.test:{port}\r\n\r\n")
-            .as_bytes(),
+        format!("GET http://local.test:{port}/ok HTTP/1.1\r\nHost: local.test:{port}\r\n\r\n").as_bytes(),
     );
     assert_eq!(status(&answer), 200, "{answer}");
     assert_eq!(server.connections(), 1);
@@ -345,23 +245,16 @@ fn a_host_header_that_differs_from_the_target_is_refused() {
     for host in ["evil.example", "127.0.0.2", "127.0.0.1:1"] {
         let (_, head) = connect(addr, &target, &format!("Host: {host}\r\n"));
         assert_eq!(status(&head), 403, "CONNECT with Host {host}: {head}");
-        let answer = exchange(
-            addr,
-            format!("GET http://{target}/ HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
-        );
+        let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes());
         assert_eq!(status(&answer), 403, "GET with Host {host}: {answer}");
         assert!(answer.contains("differs"), "{answer}");
     }
     let answer = exchange(
         addr,
-        format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nHost: evil.example\r\n\r\n")
-            .as_bytes(),
+        format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nHost: evil.example\r\n\r\n").as_bytes(),
     );
     assert_eq!(status(&answer), 400, "{answer}");
-    let answer = exchange(
-        addr,
-        format!("GET http://{target}/ HTTP/1.1\r\n\r\n").as_bytes(),
-    );
+    let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\n\r\n").as_bytes());
     assert_eq!(status(&answer), 400, "{answer}");
     assert_eq!(server.connections(), 0);
     drop(proxy);
@@ -407,16 +300,14 @@ fn a_plain_request_carries_its_body_and_nothing_smuggled_after_it() {
     let target = format!("127.0.0.1:{port}");
     let smuggled = format!("GET /second HTTP/1.1\r\nHost: {target}\r\n\r\n");
 
-    let answer = exchange(
-        addr,
-        format!("GET http://{target}/first HTTP/1.1\r\nHost: {target}\r\n\r\n{smuggled}")
-            .as_bytes(),
-    );
+    let answer =
+        exchange(addr, format!("GET http://{target}/first HTTP/1.1\r\nHost: {target}\r\n\r\n{smuggled}").as_bytes());
     assert!(answer.ends_with("hello from /first"), "{answer}");
 
     let answer = exchange(
         addr,
-        format!("POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nContent-Length: 5\r\n\r\nhello{smuggled}").as_bytes(),
+        format!("POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nContent-Length: 5\r\n\r\nhello{smuggled}")
+            .as_bytes(),
     );
     assert!(answer.ends_with("\r\n\r\nhello"), "{answer}");
 
@@ -432,11 +323,7 @@ fn a_plain_request_carries_its_body_and_nothing_smuggled_after_it() {
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
     for request in &requests {
-        assert!(
-            request.after.is_empty(),
-            "smuggled: {:?}",
-            String::from_utf8_lossy(&request.after)
-        );
+        assert!(request.after.is_empty(), "smuggled: {:?}", String::from_utf8_lossy(&request.after));
     }
     assert_eq!(requests[2].body, chunked.as_bytes());
 
@@ -466,13 +353,7 @@ fn requests_that_are_not_for_a_proxy_are_bad_requests() {
         assert_eq!(status(&answer), 400, "{request:?}: {answer}");
     }
     let outcome = proxy.finish();
-    assert!(
-        outcome
-            .record
-            .connections
-            .iter()
-            .all(|e| e.verdict == NetworkVerdict::Denied && e.reason.is_some())
-    );
+    assert!(outcome.record.connections.iter().all(|e| e.verdict == NetworkVerdict::Denied && e.reason.is_some()));
 }
 
 #[test]
@@ -481,10 +362,7 @@ fn with_no_rules_nothing_leaves() {
     let port = server.port();
     let (proxy, addr) = start_proxy(&[], no_names(), Caps::default());
     let target = format!("127.0.0.1:{port}");
-    let answer = exchange(
-        addr,
-        format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
-    );
+    let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
     assert_eq!(status(&answer), 403, "{answer}");
     let (_, head) = connect(addr, &target, "");
     assert_eq!(status(&head), 403, "{head}");
@@ -498,36 +376,21 @@ fn with_no_rules_nothing_leaves() {
 fn the_byte_cap_in_ends_the_download_at_the_cap() {
     let server = Server::http();
     let port = server.port();
-    let caps = Caps {
-        bytes_in: 1000,
-        ..Caps::default()
-    };
+    let caps = Caps { bytes_in: 1000, ..Caps::default() };
     let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
     let target = format!("127.0.0.1:{port}");
-    let answer = exchange(
-        addr,
-        format!("GET http://{target}/big/100000 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
-    );
+    let answer =
+        exchange(addr, format!("GET http://{target}/big/100000 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
     assert_eq!(answer.len(), 1000);
     assert!(proxy.limit_hit());
     // The budget is the run's: the next connection gets nothing.
-    let answer = exchange(
-        addr,
-        format!("GET http://{target}/small HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
-    );
+    let answer = exchange(addr, format!("GET http://{target}/small HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
     assert_eq!(answer, "");
     let outcome = proxy.finish();
     assert_eq!(outcome.limits_hit, vec![Limit::NetworkBytes]);
     let events = &outcome.record.connections;
     assert_eq!(events[0].bytes_in, 1000);
-    assert!(
-        events[0]
-            .reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("cap of 1000 bytes in"),
-        "{events:?}"
-    );
+    assert!(events[0].reason.as_deref().unwrap_or_default().contains("cap of 1000 bytes in"), "{events:?}");
     assert_eq!(events[1].bytes_in, 0);
 }
 
@@ -535,18 +398,13 @@ fn the_byte_cap_in_ends_the_download_at_the_cap() {
 fn the_byte_cap_out_stops_an_upload_at_the_cap() {
     let server = Server::http();
     let port = server.port();
-    let caps = Caps {
-        bytes_out: 500,
-        ..Caps::default()
-    };
+    let caps = Caps { bytes_out: 500, ..Caps::default() };
     let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
     let target = format!("127.0.0.1:{port}");
     let body = vec![b'u'; 10_000];
-    let mut request = format!(
-        "POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
+    let mut request =
+        format!("POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nContent-Length: {}\r\n\r\n", body.len())
+            .into_bytes();
     request.extend_from_slice(&body);
     let _ = exchange(addr, &request);
     let outcome = proxy.finish();
@@ -560,10 +418,7 @@ fn the_byte_cap_out_stops_an_upload_at_the_cap() {
 fn the_connection_cap_refuses_further_connections() {
     let server = Server::http();
     let port = server.port();
-    let caps = Caps {
-        connections: 2,
-        ..Caps::default()
-    };
+    let caps = Caps { connections: 2, ..Caps::default() };
     let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
     let target = format!("127.0.0.1:{port}");
     let request = format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n");
@@ -582,13 +437,7 @@ fn the_connection_cap_refuses_further_connections() {
     let outcome = proxy.finish();
     assert_eq!(outcome.limits_hit, vec![Limit::NetworkConnections]);
     assert_eq!(outcome.record.connections.len(), 3);
-    assert!(
-        outcome.record.connections[2]
-            .reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("cap of 2 connections")
-    );
+    assert!(outcome.record.connections[2].reason.as_deref().unwrap_or_default().contains("cap of 2 connections"));
     assert_eq!(outcome.unlisted_refusals, 2);
 }
 
@@ -596,30 +445,19 @@ fn the_connection_cap_refuses_further_connections() {
 fn slow_and_oversized_request_heads_are_cut_off() {
     let server = Server::http();
     let port = server.port();
-    let caps = Caps {
-        head_timeout: Duration::from_millis(300),
-        ..Caps::default()
-    };
+    let caps = Caps { head_timeout: Duration::from_millis(300), ..Caps::default() };
     let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
 
     let mut slow = TcpStream::connect(addr).unwrap();
     slow.set_read_timeout(Some(PATIENCE)).unwrap();
-    slow.write_all(format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHo").as_bytes())
-        .unwrap();
+    slow.write_all(format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHo").as_bytes()).unwrap();
     let started = Instant::now();
     let mut answer = String::new();
     let _ = slow.read_to_string(&mut answer);
     assert_eq!(status(&answer), 408, "{answer}");
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
 
-    let huge = format!(
-        "GET http://127.0.0.1:{port}/ HTTP/1.1\r\nX-Big: {}\r\n\r\n",
-        "a".repeat(40 * 1024)
-    );
+    let huge = format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(40 * 1024));
     let answer = exchange(addr, huge.as_bytes());
     assert_eq!(status(&answer), 431, "{answer}");
 
@@ -629,10 +467,7 @@ fn slow_and_oversized_request_heads_are_cut_off() {
     let (tls_proxy, tls_addr) = start_proxy(
         &[format!("127.0.0.1:{}", tls_server.port())],
         no_names(),
-        Caps {
-            head_timeout: Duration::from_millis(300),
-            ..Caps::default()
-        },
+        Caps { head_timeout: Duration::from_millis(300), ..Caps::default() },
     );
     let (mut tunnel, head) = connect(tls_addr, &format!("127.0.0.1:{}", tls_server.port()), "");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -640,20 +475,9 @@ fn slow_and_oversized_request_heads_are_cut_off() {
     let mut rest = Vec::new();
     let started = Instant::now();
     let _ = tunnel.read_to_end(&mut rest);
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
     let events = tls_proxy.finish().record.connections;
-    assert!(
-        events[0]
-            .reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("in time"),
-        "{events:?}"
-    );
+    assert!(events[0].reason.as_deref().unwrap_or_default().contains("in time"), "{events:?}");
     tls_server.settle(1);
     assert_eq!(tls_server.log.lock().unwrap().bytes, 0);
     assert_eq!(server.connections(), 0);
@@ -674,19 +498,11 @@ fn finish_returns_promptly_with_idle_clients_and_open_tunnels() {
 
     let started = Instant::now();
     let outcome = proxy.finish();
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "finish took {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(1), "finish took {:?}", started.elapsed());
     let events = outcome.record.connections;
     assert_eq!(events.len(), 2, "{events:?}");
     for event in &events {
-        assert_eq!(
-            event.reason.as_deref(),
-            Some("closed when the run ended"),
-            "{event:?}"
-        );
+        assert_eq!(event.reason.as_deref(), Some("closed when the run ended"), "{event:?}");
     }
     assert_eq!(events[1].verdict, NetworkVerdict::Allowed);
     assert_eq!(events[1].bytes_out, 16);

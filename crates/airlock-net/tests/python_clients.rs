@@ -46,10 +46,7 @@ fn urllib_and_requests_go_through_the_proxy_and_only_where_allowed() {
     let http = Server::http();
     let https = Server::https(&ca);
     let elsewhere = Server::http();
-    let rules = [
-        format!("127.0.0.1:{}", http.port()),
-        format!("127.0.0.1:{}", https.port()),
-    ];
+    let rules = [format!("127.0.0.1:{}", http.port()), format!("127.0.0.1:{}", https.port())];
     let (proxy, addr) = start_proxy(&rules, Arc::new(StaticResolver::new()), Caps::default());
 
     let output = Command::new("python3")
@@ -65,15 +62,10 @@ fn urllib_and_requests_go_through_the_proxy_and_only_where_allowed() {
         .env_remove("no_proxy")
         .env_remove("CURL_CA_BUNDLE")
         .output()
-        .unwrap_or_else(|e| {
-            panic!("python3 is needed for this test (with `pip install requests`): {e}")
-        });
+        .unwrap_or_else(|e| panic!("python3 is needed for this test (with `pip install requests`): {e}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "python failed (is `requests` installed?)\n{stdout}\n{stderr}"
-    );
+    assert!(output.status.success(), "python failed (is `requests` installed?)\n{stdout}\n{stderr}");
 
     let expected = serde_json::json!({
         "urllib_http": "hello from /urllib",
@@ -85,8 +77,7 @@ fn urllib_and_requests_go_through_the_proxy_and_only_where_allowed() {
         "requests_refused_https": "403",
         "urllib_refused_https": "403",
     });
-    let got: serde_json::Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let got: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(got, expected);
 
     assert_eq!(elsewhere.connections(), 0);
@@ -96,10 +87,7 @@ fn urllib_and_requests_go_through_the_proxy_and_only_where_allowed() {
     assert_eq!(allowed.len(), 4, "{events:?}");
     assert_eq!(allowed.iter().filter(|e| e.port == http.port()).count(), 2);
     assert_eq!(allowed.iter().filter(|e| e.port == https.port()).count(), 2);
-    let refused: Vec<_> = events
-        .iter()
-        .filter(|e| e.verdict == NetworkVerdict::Denied)
-        .collect();
+    let refused: Vec<_> = events.iter().filter(|e| e.verdict == NetworkVerdict::Denied).collect();
     assert_eq!(refused.len(), 4, "{events:?}");
     assert!(refused.iter().all(|e| e.port == elsewhere.port()));
     http.settle(2);

@@ -134,16 +134,9 @@ impl Write for Counting {
     }
 }
 
-fn serve_one(
-    stream: TcpStream,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    log: &Arc<Mutex<ServerLog>>,
-) {
+fn serve_one(stream: TcpStream, tls: Option<Arc<rustls::ServerConfig>>, log: &Arc<Mutex<ServerLog>>) {
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
-    let raw = Counting {
-        stream: stream.try_clone().unwrap(),
-        log: Arc::clone(log),
-    };
+    let raw = Counting { stream: stream.try_clone().unwrap(), log: Arc::clone(log) };
     match tls {
         None => {
             let mut raw = raw;
@@ -195,9 +188,7 @@ fn answer(stream: &mut impl ReadWrite) -> Option<Received> {
         }
     } else if header(&lower, "transfer-encoding").is_some() {
         // Ends at the last chunk and its (possibly non-empty) trailer.
-        while !(body.ends_with(b"\r\n\r\n")
-            && (body.starts_with(b"0\r\n") || find(&body, b"\r\n0\r\n").is_some()))
-        {
+        while !(body.ends_with(b"\r\n\r\n") && (body.starts_with(b"0\r\n") || find(&body, b"\r\n0\r\n").is_some())) {
             match stream.read(&mut chunk) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => body.extend_from_slice(&chunk[..n]),
@@ -213,28 +204,18 @@ fn answer(stream: &mut impl ReadWrite) -> Option<Received> {
         format!("hello from {path}").into_bytes()
     };
     let _ = stream.write_all(
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            reply.len()
-        )
-        .as_bytes(),
+        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", reply.len()).as_bytes(),
     );
     let _ = stream.write_all(&reply);
     let _ = stream.flush();
-    Some(Received {
-        head,
-        body,
-        after: Vec::new(),
-    })
+    Some(Received { head, body, after: Vec::new() })
 }
 
 pub trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
 
 fn header<'a>(lower_head: &'a str, name: &str) -> Option<&'a str> {
-    lower_head
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':').map(str::trim))
+    lower_head.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':').map(str::trim))
 }
 
 pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -254,13 +235,8 @@ impl TestCa {
     pub fn new() -> TestCa {
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "airlock test CA");
-        ca_params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "airlock test CA");
+        ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let ca_cert = ca_params.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
@@ -271,9 +247,7 @@ impl TestCa {
             "127.0.0.1".to_owned(),
         ])
         .unwrap();
-        leaf_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "localhost");
+        leaf_params.distinguished_name.push(rcgen::DnType::CommonName, "localhost");
         leaf_params.use_authority_key_identifier_extension = true;
         leaf_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let leaf_key = rcgen::KeyPair::generate().unwrap();
@@ -306,11 +280,7 @@ impl TestCa {
     pub fn client_config(&self) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca_der.clone()).unwrap();
-        Arc::new(
-            rustls::ClientConfig::builder()
-                .with_root_certificates(roots)
-                .with_no_client_auth(),
-        )
+        Arc::new(rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth())
     }
 }
 
@@ -324,21 +294,12 @@ pub struct Caps {
 
 impl Default for Caps {
     fn default() -> Caps {
-        Caps {
-            bytes_in: 1 << 30,
-            bytes_out: 1 << 30,
-            connections: 64,
-            head_timeout: Duration::from_secs(5),
-        }
+        Caps { bytes_in: 1 << 30, bytes_out: 1 << 30, connections: 64, head_timeout: Duration::from_secs(5) }
     }
 }
 
 /// A proxy on a fresh loopback listener, with these rules and names.
-pub fn start_proxy(
-    rules: &[String],
-    resolver: Arc<StaticResolver>,
-    caps: Caps,
-) -> (ProxyHandle, SocketAddr) {
+pub fn start_proxy(rules: &[String], resolver: Arc<StaticResolver>, caps: Caps) -> (ProxyHandle, SocketAddr) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let config = ProxyConfig {
@@ -368,9 +329,7 @@ pub fn exchange(proxy: SocketAddr, request: &[u8]) -> String {
 pub fn connect(proxy: SocketAddr, target: &str, extra_headers: &str) -> (TcpStream, String) {
     let mut stream = TcpStream::connect(proxy).unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
-    stream
-        .write_all(format!("CONNECT {target} HTTP/1.1\r\n{extra_headers}\r\n").as_bytes())
-        .unwrap();
+    stream.write_all(format!("CONNECT {target} HTTP/1.1\r\n{extra_headers}\r\n").as_bytes()).unwrap();
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -393,11 +352,8 @@ pub fn https_get(
     let name = rustls::pki_types::ServerName::try_from(server_name.to_owned()).unwrap();
     let connection = rustls::ClientConnection::new(config, name).unwrap();
     let mut tls = rustls::StreamOwned::new(connection, tunnel);
-    tls.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .map_err(|e| e.to_string())?;
+    tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n").as_bytes())
+        .map_err(|e| e.to_string())?;
     let mut answer = Vec::new();
     match tls.read_to_end(&mut answer) {
         Ok(_) => Ok(String::from_utf8_lossy(&answer).into_owned()),
@@ -411,16 +367,9 @@ pub fn https_get(
 
 /// The status code of an HTTP answer, 0 if there is none.
 pub fn status(answer: &str) -> u16 {
-    answer
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0)
+    answer.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
 }
 
 pub fn allowed(events: &[NetworkEvent]) -> Vec<&NetworkEvent> {
-    events
-        .iter()
-        .filter(|e| e.verdict == NetworkVerdict::Allowed)
-        .collect()
+    events.iter().filter(|e| e.verdict == NetworkVerdict::Allowed).collect()
 }
