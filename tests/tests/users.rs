@@ -43,7 +43,11 @@ fn run_as_nobody(home: &Path, cgroups: &[PathBuf], args: &[&str]) -> Output {
 
 fn record(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!("{e}\nstdout: {}\nstderr: {}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+        panic!(
+            "{e}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
     })
 }
 
@@ -79,15 +83,27 @@ for d in ["/home", "/root", "/etc/shadow"]:
     assert_eq!(record["status"], "ok", "{record}");
     let stdout = record["stdout"].as_str().unwrap();
     assert!(stdout.starts_with("1000 ['0', '1', '2', '3']"), "{stdout}");
-    assert!(stdout.contains("CapEff:\\t0000000000000000") && stdout.contains("NoNewPrivs:\\t1") && stdout.contains("Seccomp:\\t2"), "{stdout}");
+    assert!(
+        stdout.contains("CapEff:\\t0000000000000000")
+            && stdout.contains("NoNewPrivs:\\t1")
+            && stdout.contains("Seccomp:\\t2"),
+        "{stdout}"
+    );
     assert!(stdout.contains("OSError") && !stdout.contains("connected"), "{stdout}");
-    assert!(stdout.contains("/home False") && stdout.contains("/root False") && stdout.contains("/etc/shadow False"), "{stdout}");
+    assert!(
+        stdout.contains("/home False") && stdout.contains("/root False") && stdout.contains("/etc/shadow False"),
+        "{stdout}"
+    );
     assert_eq!(record["isolation"]["degraded"], serde_json::json!(["cgroups"]));
     let layers = record["isolation"]["layers"].as_array().unwrap();
     assert!(layers.contains(&Value::from("user_namespace")) && layers.contains(&Value::from("landlock")));
     assert!(!layers.contains(&Value::from("cgroups")));
     // Without a cgroup, a timeout still ends the whole tree.
-    let output = run_as_nobody(home.path(), &[], &["--allow-degraded", "cgroups", "--timeout", "1", "--lang", "sh", "-c", "sleep 100 & sleep 100"]);
+    let output = run_as_nobody(
+        home.path(),
+        &[],
+        &["--allow-degraded", "cgroups", "--timeout", "1", "--lang", "sh", "-c", "sleep 100 & sleep 100"],
+    );
     assert_eq!(record_status(&output), "timeout");
 }
 
@@ -148,9 +164,17 @@ fn with_a_delegated_cgroup_every_limit_holds() {
     let r = record(&output);
     assert_eq!(r["status"], "ok", "{r}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(r["isolation"]["layers"].as_array().unwrap().contains(&Value::from("cgroups")), "{r}");
-    let output = run_as_nobody(home.path(), &delegated.0, &["--memory", "64", "-c", "x = []\nwhile True: x.append(bytearray(8 << 20))"]);
+    let output = run_as_nobody(
+        home.path(),
+        &delegated.0,
+        &["--memory", "64", "-c", "x = []\nwhile True: x.append(bytearray(8 << 20))"],
+    );
     assert_eq!(record_status(&output), "memory_limit");
-    let output = run_as_nobody(home.path(), &delegated.0, &["--lang", "sh", "--timeout", "3", "-c", "f() { f | f & }; f; sleep 5"]);
+    let output = run_as_nobody(
+        home.path(),
+        &delegated.0,
+        &["--lang", "sh", "--timeout", "3", "-c", "f() { f | f & }; f; sleep 5"],
+    );
     let r = record(&output);
     assert!(r["limits_hit"].as_array().unwrap().contains(&Value::from("pids")), "{r}");
     // The runs' cgroups are gone; only the delegated ones remain, empty.
