@@ -12,14 +12,10 @@ use airlock_core::{ArtifactError, Execution, Instance, Job, KillSwitch, Runtime,
 use airlock_policy::{Isolation, Layer, Limit, Policy, SandboxPath, Status, Usage};
 
 use crate::cgroup::{CgroupLimits, Hierarchy, RunCgroup};
-use crate::protocol::{LandlockPlan, RunPlan};
+use crate::protocol::{CgroupEntry, LandlockPlan, RunPlan};
 use crate::seccomp::Instruction;
 use crate::supervise::{self, KillReason, Observed, SandboxFds, Watch};
 use crate::{copy, limits};
-
-/// Processes of airlock's own in each run's cgroup: the helper and the
-/// sandbox's init. The pids limit is the code's, on top of these.
-const OWN_PROCESSES: u32 = 2;
 
 /// A sandbox made by [`crate::LinuxBackend`].
 pub struct LinuxInstance {
@@ -88,6 +84,11 @@ impl Instance for LinuxInstance {
         }
         let plan = RunPlan {
             supervisor_pid: std::process::id() as i32,
+            cgroup: match &self.cgroups {
+                None => CgroupEntry::None,
+                Some(Hierarchy::V1 { .. }) => CgroupEntry::EnterTasks,
+                Some(Hierarchy::V2 { .. }) => CgroupEntry::CloneInto,
+            },
             hostname: "airlock".to_owned(),
             program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_fifo: program.reports,
@@ -109,7 +110,8 @@ impl Instance for LinuxInstance {
             Some(h) => Some(
                 h.create(&CgroupLimits {
                     memory_bytes: limits.memory_bytes,
-                    pids: limits.pids + OWN_PROCESSES,
+                    // The pids limit is the code's, on top of airlock's own processes.
+                    pids: limits.pids + h.own_processes(),
                     cpus: limits.cpus,
                 })
                 .map_err(|e| SandboxError::Setup {

@@ -31,7 +31,8 @@ pub enum Request {
     /// Replies [`Reply::SetupDone`] with [user ns, mount ns, stage root, /work, /tmp].
     Setup(SetupPlan),
     /// Run code in the sandbox whose namespaces come attached:
-    /// [user ns, mount ns, stdin, stdout, stderr].
+    /// [user ns, mount ns, stdin, stdout, stderr], then the cgroup's
+    /// descriptors (see [`CgroupEntry`]).
     Run(Box<RunPlan>),
 }
 
@@ -83,6 +84,8 @@ pub struct LandlockPlan {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RunPlan {
     pub supervisor_pid: i32,
+    /// How the run enters its cgroup.
+    pub cgroup: CgroupEntry,
     pub hostname: String,
     pub program_files: Vec<(String, Vec<u8>)>,
     /// Whether to make the report FIFO and hand it to the supervisor.
@@ -97,6 +100,20 @@ pub struct RunPlan {
     pub open_files: u64,
     pub landlock: Option<LandlockPlan>,
     pub seccomp: Vec<Instruction>,
+}
+
+/// How the helper puts the run into its cgroup; the descriptors follow the
+/// five fixed ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CgroupEntry {
+    /// No cgroup (the policy allowed running without one).
+    None,
+    /// cgroup v1: write "0" to each attached `tasks` file, moving the helper
+    /// itself, before making the init.
+    EnterTasks,
+    /// cgroup v2: make the init with CLONE_INTO_CGROUP and the attached
+    /// directory.
+    CloneInto,
 }
 
 /// One resource limit.
