@@ -2,9 +2,6 @@
 //! sandboxes, the real helper and command, and checks that nothing was left
 //! behind on the host.
 
-// A test harness: a failure to set up is a failed test, said plainly.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -2,7 +2,6 @@
 //! only the named hosts, only through airlock's proxy, and never the cloud
 //! metadata endpoint or a private address.
 
-#[allow(dead_code)]
 #[path = "../../crates/airlock-net/tests/common/mod.rs"]
 mod servers;
 
