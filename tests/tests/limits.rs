@@ -188,7 +188,17 @@ fn a_supervisor_killed_mid_run_takes_its_sandbox_with_it() {
     let _alone = exclusive();
     let marker = marker("orphan");
     let mut child = airlock_tests::airlock_command()
-        .args(["run", "--python", "python3", "--lang", "sh", "-c", &format!("exec -a {marker} sleep 1000")])
+        // The marker is assembled inside, so that only the sandboxed process carries it.
+        .args([
+            "run",
+            "--python",
+            "python3",
+            "-c",
+            &format!(
+                "import os\nos.execv('/bin/sleep', ['airlock-test-' + '{}', '1000'])",
+                marker.trim_start_matches("airlock-test-")
+            ),
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
