@@ -293,6 +293,13 @@ impl WasmInstance {
                 ),
             ),
             (
+                "open_files".to_owned(),
+                format!(
+                    "this process's descriptors counted every {} ms; the run is stopped past the cap",
+                    guest::TICK.as_millis()
+                ),
+            ),
+            (
                 "processes".to_owned(),
                 "none: WASI has no process or thread creation".to_owned(),
             ),
@@ -532,6 +539,14 @@ impl WasmInstance {
                         format!(
                             "the files made passed the cap of {} files and folders and the run was stopped",
                             limits.disk_inodes
+                        ),
+                    ),
+                    Stop::OpenFiles => (
+                        Status::Failed,
+                        Some(Limit::OpenFiles),
+                        format!(
+                            "the run held more than {} files open and was stopped",
+                            limits.open_files
                         ),
                     ),
                     Stop::Killed => (

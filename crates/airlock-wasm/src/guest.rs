@@ -2,18 +2,24 @@
 //! host, and what it printed.
 //!
 //! The guest runs as an async wasmtime call on a thread of its own (a large
-//! native stack; the wasm itself runs on wasmtime's fiber stack). Limits:
-//! - wall time: an epoch ticker thread advances the engine's epoch every
-//!   [`TICK`]; the epoch callback stops compute at the deadline, and a timer
-//!   raced against the call stops a guest waiting in a host call
-//!   (`poll_oneoff` for `time.sleep`), whose future is then dropped;
-//! - memory: a store limiter refuses linear memory past the cap by trapping;
-//! - CPU time: the guest thread's own CPU clock, read by the epoch callback
-//!   (the guest is one thread, so this is all the CPU it uses);
+//! native stack; the wasm itself runs on wasmtime's fiber stack). An epoch
+//! ticker thread advances the engine's epoch every [`TICK`]; on each tick the
+//! same checks ([`Watch`]) run from the epoch callback while the guest
+//! computes, and from a timer raced against the call while it waits in a host
+//! call (`poll_oneoff` for `time.sleep`), whose future is then dropped. So a
+//! limit is noticed within a tick, computing or sleeping:
+//! - wall time: the deadline;
+//! - memory: a store limiter refuses linear memory past the cap by trapping
+//!   (at once, not on a tick);
+//! - CPU time: the guest thread's own CPU clock (the guest is one thread, so
+//!   this is all the CPU it uses);
 //! - output: capped buffers; past the cap the run goes on or traps, as the
 //!   policy says;
-//! - disk: the guest's writable folders are measured by the epoch callback
-//!   every [`DISK_EVERY_TICKS`] ticks and once at the end.
+//! - disk: the guest's writable folders, measured every
+//!   [`DISK_EVERY_TICKS`] ticks and once at the end;
+//! - open files: every file the guest opens is a host descriptor of this
+//!   process, counted on every tick (over-counting, never under-counting,
+//!   when other runs share the process).
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -97,6 +103,7 @@ pub(crate) enum Stop {
     Output,
     Disk,
     Inodes,
+    OpenFiles,
     Killed,
 }
 
@@ -229,7 +236,8 @@ fn run_here(
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
     store.set_epoch_deadline(1);
-    let mut watch = Watch {
+    let watch = Arc::new(Mutex::new(Watch {
+        open_files_before: open_descriptors(),
         deadline,
         started,
         cpu_start,
@@ -238,15 +246,21 @@ fn run_here(
         writable: spec.writable.clone(),
         ticks: 0,
         overflowed: overflowed.clone(),
-    };
-    store.epoch_deadline_callback(move |mut ctx| match watch.check() {
-        Some(stop) => {
-            ctx.data_mut().stop = Some(stop);
-            Ok(UpdateDeadline::Interrupt)
-        }
-        None => {
-            watch.throttle();
-            Ok(UpdateDeadline::Continue(1))
+    }));
+    let watched = watch.clone();
+    store.epoch_deadline_callback(move |mut ctx| {
+        let mut watch = watched
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match watch.check() {
+            Some(stop) => {
+                ctx.data_mut().stop = Some(stop);
+                Ok(UpdateDeadline::Interrupt)
+            }
+            None => {
+                watch.throttle();
+                Ok(UpdateDeadline::Continue(1))
+            }
         }
     });
 
@@ -259,18 +273,23 @@ fn run_here(
             let run = instance.get_typed_func::<(), i32>(&mut store, "run")?;
             run.call_async(&mut store, ()).await
         };
-        let watch_kill = async {
+        // The same checks while the guest waits in a host call (a sleep),
+        // where no epoch callback runs.
+        let watch_waiting = async {
             loop {
-                tokio::time::sleep(TICK * 2).await;
-                if kill.is_killed() {
-                    return Stop::Killed;
+                tokio::time::sleep(TICK).await;
+                let stop = watch
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .check();
+                if let Some(stop) = stop {
+                    return stop;
                 }
             }
         };
         tokio::select! {
             result = call => Ok(result),
-            () = tokio::time::sleep_until(deadline.into()) => Err(Stop::WallTime),
-            stop = watch_kill => Err(stop),
+            stop = watch_waiting => Err(stop),
         }
     });
     let wall = started.elapsed();
@@ -346,6 +365,8 @@ fn disk_over(writable: &[PathBuf], limits: &Limits) -> Option<Stop> {
 
 /// The checks the epoch callback makes on every tick.
 struct Watch {
+    /// This process's descriptors before the guest started.
+    open_files_before: Option<usize>,
     deadline: Instant,
     started: Instant,
     cpu_start: Option<Duration>,
@@ -374,6 +395,11 @@ impl Watch {
             && used >= self.limits.cpu_time
         {
             return Some(Stop::CpuTime);
+        }
+        if let (Some(before), Some(now)) = (self.open_files_before, open_descriptors())
+            && now.saturating_sub(before) > self.limits.open_files as usize
+        {
+            return Some(Stop::OpenFiles);
         }
         if self.ticks.is_multiple_of(DISK_EVERY_TICKS) {
             return disk_over(&self.writable, &self.limits);
@@ -404,6 +430,13 @@ impl Watch {
             std::thread::sleep(wait.min(left));
         }
     }
+}
+
+/// How many descriptors this process holds.
+fn open_descriptors() -> Option<usize> {
+    std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|entries| entries.count())
 }
 
 /// The CPU time this thread has used.
