@@ -391,17 +391,20 @@ impl Watch {
         {
             return Some(Stop::Output);
         }
-        if let Some(used) = self.cpu_used()
-            && used >= self.limits.cpu_time
+        if self
+            .cpu_used()
+            .is_some_and(|used| used >= self.limits.cpu_time)
         {
             return Some(Stop::CpuTime);
         }
-        if let (Some(before), Some(now)) = (self.open_files_before, open_descriptors())
-            && now.saturating_sub(before) > self.limits.open_files as usize
-        {
+        let opened = self
+            .open_files_before
+            .zip(open_descriptors())
+            .map(|(before, now)| now.saturating_sub(before));
+        if opened.is_some_and(|opened| opened > self.limits.open_files as usize) {
             return Some(Stop::OpenFiles);
         }
-        if self.ticks.is_multiple_of(DISK_EVERY_TICKS) {
+        if self.ticks % DISK_EVERY_TICKS == 0 {
             return disk_over(&self.writable, &self.limits);
         }
         None

@@ -1,6 +1,9 @@
 //! Installing and caching: tampered artefacts are refused, leaving nothing
 //! behind; a corrupt compiled module is detected and rebuilt.
 
+// Helpers panic on a failed setup, as the tests themselves do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

@@ -1,5 +1,8 @@
 //! Real jobs on the wasm backend: pandas on a CSV, a matplotlib figure.
 
+// Helpers panic on a failed setup, as the tests themselves do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use airlock_policy::{SandboxPath, Status};

@@ -1,6 +1,9 @@
 //! The security cases on the wasm backend: each attack must come out safe,
 //! or be refused with a clear error when it cannot apply here.
 
+// Helpers panic on a failed setup, as the tests themselves do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;
@@ -406,4 +409,33 @@ fn holding_too_many_files_open_is_stopped() {
     );
     assert_eq!(e.status, Status::Failed, "{:?}", e.message);
     assert!(e.limits_hit.contains(&Limit::OpenFiles), "{:?}", e.message);
+}
+
+#[test]
+fn the_kill_switch_stops_a_run() {
+    let mut instance = sandbox(&policy(30));
+    let kill = KillSwitch::new();
+    let remote = kill.clone();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        remote.kill();
+    });
+    let started = std::time::Instant::now();
+    let job = Job {
+        code: "while True:\n    pass\n".to_owned(),
+        ..Job::default()
+    };
+    let e = instance.run(&job, &kill).unwrap();
+    killer.join().unwrap();
+    assert_eq!(e.status, Status::Failed);
+    assert!(
+        e.message
+            .unwrap_or_default()
+            .contains("stopped by its caller")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 }
