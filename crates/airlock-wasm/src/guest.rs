@@ -231,7 +231,7 @@ fn run_here(
     let started = Instant::now();
     let cpu_start = thread_cpu_time();
     let deadline = started + limits.wall_time;
-    let _ticker = Ticker::start(engine.clone());
+    let _ticker = Ticker::start(engine.clone())?;
 
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
@@ -267,8 +267,11 @@ fn run_here(
     let result = runtime.block_on(async {
         let call = async {
             let instance = pre.instantiate_async(&mut store).await?;
-            if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
-                init.call_async(&mut store, ()).await?;
+            // Looked up as an option: a failed typed lookup builds an error.
+            if let Some(init) = instance.get_func(&mut store, "_initialize") {
+                init.typed::<(), ()>(&store)?
+                    .call_async(&mut store, ())
+                    .await?;
             }
             let run = instance.get_typed_func::<(), i32>(&mut store, "run")?;
             run.call_async(&mut store, ()).await
@@ -457,27 +460,33 @@ struct Ticker {
 }
 
 impl Ticker {
-    fn start(engine: Engine) -> Ticker {
+    /// Fails closed: without the ticker no limit would be checked.
+    fn start(engine: Engine) -> Result<Ticker, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("airlock-wasm-epoch".to_owned())
             .stack_size(64 << 10)
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(TICK);
+                // Parked rather than slept, so that a drop wakes it at once.
+                while !flag.load(Ordering::Acquire) {
+                    std::thread::park_timeout(TICK);
                     engine.increment_epoch();
                 }
             })
-            .ok();
-        Ticker { stop, thread }
+            .map_err(|e| format!("could not start the epoch ticker: {e}"))?;
+        Ok(Ticker {
+            stop,
+            thread: Some(thread),
+        })
     }
 }
 
 impl Drop for Ticker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
