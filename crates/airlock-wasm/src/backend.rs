@@ -293,6 +293,12 @@ impl WasmInstance {
                 ),
             ),
             (
+                "memory".to_owned(),
+                "the guest's linear memory, refused past the cap by the store's limiter; host-side buffers \
+                 (output, the driver's report) have caps of their own"
+                    .to_owned(),
+            ),
+            (
                 "open_files".to_owned(),
                 format!(
                     "this process's descriptors counted every {} ms; the run is stopped past the cap",

@@ -439,3 +439,31 @@ fn the_kill_switch_stops_a_run() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_fraction_of_a_cpu_is_held_to() {
+    let mut p = policy(2);
+    p.limits.cpus = 0.5;
+    let e = run(&p, "while True:\n    pass\n");
+    assert_eq!(e.status, Status::Timeout);
+    let cpu = e.usage.cpu_ms.expect("the guest thread's CPU time");
+    // Held under 1.3 s, where an unthrottled loop would use about 2 s (the
+    // lower bound is loose: a busy host may give less than half a core).
+    assert!(
+        (300..=1300).contains(&cpu),
+        "half a core for 2 s is about 1000 ms, got {cpu} ms"
+    );
+}
+
+#[test]
+fn the_probe_says_what_this_backend_enforces() {
+    let probe = backend().probe().unwrap();
+    assert_eq!(probe.backend, airlock_policy::BackendKind::Wasm);
+    assert!(probe.available.contains(&airlock_policy::Layer::Wasm));
+    assert!(probe.missing.is_empty(), "{:?}", probe.missing);
+    assert_eq!(
+        probe.details.get("compiled").map(String::as_str),
+        Some("cached")
+    );
+    assert!(probe.check(&policy(30)).unwrap().is_empty());
+}
