@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -204,14 +203,8 @@ impl Backend for WasmBackend {
             });
         }
         let loaded = self.load(&mut progress_on_stderr)?;
-        let work = tempfile::Builder::new()
-            .prefix("airlock-wasm-work-")
-            .tempdir()
+        let (work, work_fd) = files::private_dir("airlock-wasm-work-")
             .map_err(|e| SandboxError::io("making the work directory", e))?;
-        std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| SandboxError::io("making the work directory private", e))?;
-        let work_fd = files::open_dir(work.path())
-            .map_err(|e| SandboxError::io("opening the work directory", e))?;
         let mut env = runtime.environment(&policy.env);
         for (key, value) in GUEST_ENV {
             env.entry(key.to_owned())
@@ -380,14 +373,8 @@ impl Instance for WasmInstance {
 
         // A fresh private root per run: / and /tmp for the guest, and the
         // driver's folder. Nothing a run leaves there reaches the next.
-        let root = tempfile::Builder::new()
-            .prefix("airlock-wasm-root-")
-            .tempdir()
+        let (root, root_fd) = files::private_dir("airlock-wasm-root-")
             .map_err(|e| SandboxError::io("making the guest's root", e))?;
-        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| SandboxError::io("making the guest's root private", e))?;
-        let root_fd = files::open_dir(root.path())
-            .map_err(|e| SandboxError::io("opening the guest's root", e))?;
         let program_dir = PROGRAM_DIR.trim_start_matches('/');
         for file in &program.files {
             files::write_beneath(

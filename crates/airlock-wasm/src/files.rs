@@ -20,6 +20,18 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
+/// A fresh host folder only this user may enter (0700), removed when the
+/// handle is dropped, and a descriptor of it for beneath-opens.
+pub(crate) fn private_dir(prefix: &str) -> io::Result<(tempfile::TempDir, OwnedFd)> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .permissions(fs::Permissions::from_mode(0o700))
+        .tempdir()?;
+    let fd = open_dir(dir.path())?;
+    Ok((dir, fd))
+}
+
 /// Opens the folder at `path` (which the host made) for later beneath-opens.
 pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(
