@@ -71,6 +71,9 @@ fn main() -> anyhow::Result<()> {
         inputs: input_records,
     };
     let mut rec = record::assemble(&ctx, execution);
+    // Dropped before `exit`, which runs no destructors: the sandbox's
+    // folders go with it.
+    drop(instance);
     if quiet {
         print!("{}", rec.stdout);
     } else {
