@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+mod ceiling;
 mod network;
 mod path;
 mod policy;
