@@ -1,5 +1,6 @@
 //! `airlock`: run code a language model wrote, without letting it run your machine.
 
+mod audit_cmd;
 mod image_cmd;
 mod run_cmd;
 mod show;
@@ -24,6 +25,8 @@ enum Command {
     /// Build, list, show and remove runtime images.
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
+    /// Check the audit trail, show a recorded run, list runs.
+    Audit(audit_cmd::AuditArgs),
 }
 
 /// Exit statuses, following `timeout` and `docker run`.
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run_cmd::run(args),
         Command::Image(command) => image_cmd::run(command).map(|()| ExitCode::SUCCESS),
+        Command::Audit(args) => audit_cmd::run(args),
     };
     match result {
         Ok(code) => code,
