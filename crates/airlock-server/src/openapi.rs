@@ -296,3 +296,343 @@ pub(crate) const ALL_LAYERS: [Layer; 14] = [
     Layer::Rlimits,
     Layer::Wasm,
 ];
+
+/// Checks `value` against the schema `name` of `document`'s components,
+/// the way a client generated from the document would read it: types,
+/// enums, required fields, and no field the schema does not list. Returns
+/// the first mismatch with its JSON path. `seen` collects every
+/// `Schema.field` met, so a test can tell that every documented field was
+/// exercised.
+pub fn validate(
+    document: &Value,
+    name: &str,
+    value: &Value,
+    seen: &mut std::collections::BTreeSet<String>,
+) -> Result<(), String> {
+    let schema = json!({"$ref": format!("#/components/schemas/{name}")});
+    check(document, &schema, value, "$", seen)
+}
+
+fn check(
+    document: &Value,
+    schema: &Value,
+    value: &Value,
+    at: &str,
+    seen: &mut std::collections::BTreeSet<String>,
+) -> Result<(), String> {
+    if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
+        let name = reference.strip_prefix("#/components/schemas/").ok_or(format!("{at}: odd $ref {reference}"))?;
+        let target = document["components"]["schemas"].get(name).ok_or(format!("{at}: no schema {name}"))?;
+        if let (Some(properties), Value::Object(fields)) = (target.get("properties"), value) {
+            for field in fields.keys() {
+                if properties.get(field).is_some() {
+                    seen.insert(format!("{name}.{field}"));
+                }
+            }
+        }
+        return check(document, target, value, at, seen);
+    }
+    if let Some(choices) = schema.get("oneOf").and_then(Value::as_array) {
+        let matching = choices.iter().filter(|choice| check(document, choice, value, at, seen).is_ok()).count();
+        return if matching == 1 { Ok(()) } else { Err(format!("{at}: matches {matching} of oneOf, not 1")) };
+    }
+    if let Some(kind) = schema.get("type") {
+        let kinds: Vec<&str> = match kind {
+            Value::String(kind) => vec![kind.as_str()],
+            Value::Array(kinds) => kinds.iter().filter_map(Value::as_str).collect(),
+            _ => return Err(format!("{at}: odd type in the schema")),
+        };
+        let actual = match value {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        };
+        let fits = kinds.contains(&actual) || (actual == "integer" && kinds.contains(&"number"));
+        if !fits {
+            return Err(format!("{at}: is {actual}, the document says {}", kinds.join(" or ")));
+        }
+    }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(value)
+    {
+        return Err(format!("{at}: {value} is not one of {}", Value::Array(allowed.clone())));
+    }
+    match value {
+        Value::Object(fields) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            for required in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+                let required = required.as_str().unwrap_or_default();
+                if !fields.contains_key(required) {
+                    return Err(format!("{at}: lacks the required field {required}"));
+                }
+            }
+            for (field, item) in fields {
+                let path = format!("{at}.{field}");
+                match (properties.and_then(|p| p.get(field)), schema.get("additionalProperties")) {
+                    (Some(property), _) => check(document, property, item, &path, seen)?,
+                    (None, Some(Value::Bool(false))) => {
+                        return Err(format!("{path}: the document does not list this field"));
+                    }
+                    (None, Some(extra @ Value::Object(_))) => check(document, extra, item, &path, seen)?,
+                    (None, _) => {}
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (index, item) in items.iter().enumerate() {
+                    check(document, item_schema, item, &format!("{at}[{index}]"), seen)?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Every `Schema.field` the document lists for object schemas.
+pub fn documented_fields(document: &Value) -> std::collections::BTreeSet<String> {
+    let mut fields = std::collections::BTreeSet::new();
+    for (name, schema) in document["components"]["schemas"].as_object().into_iter().flatten() {
+        for field in schema.get("properties").and_then(Value::as_object).into_iter().flatten().map(|(f, _)| f) {
+            fields.insert(format!("{name}.{field}"));
+        }
+    }
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use airlock::audit::{AuditEntry, Page, RunSummary, StoredRun};
+    use airlock::{
+        ArtifactRecord, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, NetworkEvent, NetworkRecord,
+        NetworkVerdict, Policy, PolicySpec, RunRecord, Usage,
+    };
+
+    use super::*;
+    use crate::http::{ErrorBody, ErrorDetail, FileBody, Health, RunBody};
+
+    /// Fails to compile when a limit is added without adding it to ALL_LIMITS.
+    fn limit_index(limit: Limit) -> usize {
+        match limit {
+            Limit::WallTime => 0,
+            Limit::CpuTime => 1,
+            Limit::Memory => 2,
+            Limit::Pids => 3,
+            Limit::Disk => 4,
+            Limit::Inodes => 5,
+            Limit::OpenFiles => 6,
+            Limit::Output => 7,
+            Limit::Artifacts => 8,
+            Limit::NetworkBytes => 9,
+            Limit::NetworkConnections => 10,
+        }
+    }
+
+    #[test]
+    fn the_enumerations_are_complete() {
+        for (index, limit) in ALL_LIMITS.iter().enumerate() {
+            assert_eq!(limit_index(*limit), index);
+            assert_eq!(serde_json::to_value(limit).unwrap(), json!(limit.name()));
+        }
+        for layer in ALL_LAYERS {
+            assert_eq!(Layer::parse(layer.name()), Some(layer));
+            assert_eq!(serde_json::to_value(layer).unwrap(), json!(layer.name()));
+        }
+        assert_eq!(ALL_LAYERS.iter().collect::<BTreeSet<_>>().len(), ALL_LAYERS.len());
+        for status in Status::ALL {
+            assert_eq!(serde_json::to_value(status).unwrap(), json!(status.name()));
+        }
+        assert_eq!(serde_json::to_value(OutputOverflow::Kill).unwrap(), json!(overflow_name(OutputOverflow::Kill)));
+    }
+
+    /// A record with every field set.
+    fn full_record() -> RunRecord {
+        let mut policy = Policy::default().to_spec();
+        policy.env = Some(BTreeMap::from([("A".to_owned(), "b".to_owned())]));
+        RunRecord {
+            schema_version: 1,
+            id: "r1".into(),
+            started_at: "2026-11-29T10:00:00.000Z".into(),
+            status: Status::Failed,
+            limits_hit: ALL_LIMITS.to_vec(),
+            message: Some("m".into()),
+            exit_code: Some(1),
+            signal: Some(9),
+            stdout: "o".into(),
+            stderr: "e".into(),
+            stdout_truncated: true,
+            stderr_truncated: false,
+            stdout_base64: Some("AA==".into()),
+            stderr_base64: Some("AA==".into()),
+            code: "1/0".into(),
+            code_sha256: "00".into(),
+            language: Language::Sh,
+            policy,
+            inputs: vec![InputRecord { path: "/work/a".into(), bytes: 1, sha256: "00".into() }],
+            artifacts: vec![ArtifactRecord {
+                path: "/work/b".into(),
+                bytes: Some(1),
+                sha256: Some("00".into()),
+                saved_to: Some("/tmp/b".into()),
+                content_base64: Some("AA==".into()),
+                error: Some("e".into()),
+            }],
+            figures: vec![FigureRecord {
+                name: "figure-1.png".into(),
+                width: 1,
+                height: 1,
+                bytes: 1,
+                sha256: "00".into(),
+                saved_to: Some("/tmp/f.png".into()),
+                png_base64: Some("AA==".into()),
+            }],
+            value: Some("1".into()),
+            error: Some(ErrorInfo {
+                kind: "ZeroDivisionError".into(),
+                message: "division by zero".into(),
+                traceback: "t".into(),
+                line: Some(1),
+                column: Some(1),
+            }),
+            usage: Usage { wall_ms: 1, cpu_ms: Some(1), peak_memory_bytes: Some(1) },
+            isolation: Isolation {
+                backend: "linux".into(),
+                layers: ALL_LAYERS.to_vec(),
+                degraded: vec![Layer::Landlock],
+                details: BTreeMap::from([("cgroup".to_owned(), "v2".to_owned())]),
+            },
+            image: Some(ImageRef { name: "python-data".into(), hash: "00".into() }),
+            network: Some(NetworkRecord {
+                allowed_hosts: vec!["example.com".into()],
+                connections: vec![NetworkEvent {
+                    host: "example.com".into(),
+                    port: 443,
+                    resolved: Some("93.184.216.34".into()),
+                    verdict: NetworkVerdict::Denied,
+                    reason: Some("r".into()),
+                    bytes_out: 1,
+                    bytes_in: 1,
+                }],
+            }),
+        }
+    }
+
+    fn full_spec() -> PolicySpec {
+        let mut spec = Policy::default().to_spec();
+        spec.allow_hosts = Some(vec!["example.com".into()]);
+        spec.allow_degraded = Some(vec!["landlock".into()]);
+        spec
+    }
+
+    #[test]
+    fn every_field_of_every_body_is_documented_and_nothing_else() {
+        let document = document();
+        let mut seen = BTreeSet::new();
+        let entry = AuditEntry {
+            seq: 1,
+            run_id: "r1".into(),
+            recorded_at: "t".into(),
+            principal: Some("alice".into()),
+            prev_hash: "0".into(),
+            entry_hash: "1".into(),
+        };
+        let summary = RunSummary {
+            seq: 1,
+            run_id: "r1".into(),
+            started_at: "t".into(),
+            recorded_at: "t".into(),
+            status: Status::Ok,
+            principal: None,
+            language: Some(Language::Python),
+            code_sha256: None,
+            exit_code: Some(0),
+            wall_ms: None,
+            limits_hit: vec![Limit::Output],
+        };
+        let bodies: Vec<(&str, Value)> = vec![
+            ("RunRecord", serde_json::to_value(full_record()).unwrap()),
+            ("PolicySpec", serde_json::to_value(full_spec()).unwrap()),
+            (
+                "RunBody",
+                serde_json::to_value(RunBody {
+                    code: "1".into(),
+                    language: Language::Python,
+                    stdin_base64: Some("AA==".into()),
+                    files: vec![FileBody { path: "a".into(), content_base64: "AA==".into() }],
+                    outputs: vec!["/work/b".into()],
+                    policy: full_spec(),
+                })
+                .unwrap(),
+            ),
+            (
+                "StoredRun",
+                serde_json::to_value(StoredRun { entry, record: full_record(), hash_matches: true }).unwrap(),
+            ),
+            (
+                "Page",
+                serde_json::to_value(Page { runs: vec![summary.clone()], next_cursor: Some("1".into()) }).unwrap(),
+            ),
+            ("Page", serde_json::to_value(Page { runs: vec![summary], next_cursor: None }).unwrap()),
+            (
+                "ErrorBody",
+                serde_json::to_value(ErrorBody {
+                    error: ErrorDetail {
+                        code: "c".into(),
+                        message: "m".into(),
+                        field: Some("f".into()),
+                        run_id: Some("r".into()),
+                    },
+                })
+                .unwrap(),
+            ),
+            (
+                "Health",
+                serde_json::to_value(Health { status: "ok".into(), sandboxes_active: 0, queue_depth: 0 }).unwrap(),
+            ),
+        ];
+        for (name, body) in &bodies {
+            validate(&document, name, body, &mut seen).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let undocumented_use: Vec<_> = documented_fields(&document).difference(&seen).cloned().collect();
+        assert!(undocumented_use.is_empty(), "documented but never produced: {undocumented_use:?}");
+    }
+
+    #[test]
+    fn the_validator_catches_what_it_should() {
+        let document = document();
+        let mut seen = BTreeSet::new();
+        let mut record = serde_json::to_value(full_record()).unwrap();
+        record["surprise"] = json!(1);
+        assert!(validate(&document, "RunRecord", &record, &mut seen).unwrap_err().contains("surprise"));
+        let mut record = serde_json::to_value(full_record()).unwrap();
+        record["status"] = json!("exploded");
+        assert!(validate(&document, "RunRecord", &record, &mut seen).is_err());
+        record["status"] = json!("ok");
+        record["usage"]["wall_ms"] = json!("fast");
+        assert!(validate(&document, "RunRecord", &record, &mut seen).unwrap_err().contains("$.usage.wall_ms"));
+        let mut record = serde_json::to_value(full_record()).unwrap();
+        record.as_object_mut().unwrap().remove("code");
+        assert!(validate(&document, "RunRecord", &record, &mut seen).unwrap_err().contains("code"));
+    }
+
+    #[test]
+    fn every_route_is_documented() {
+        let document = document();
+        let mut documented = BTreeSet::new();
+        for (path, operations) in document["paths"].as_object().unwrap() {
+            for method in operations.as_object().unwrap().keys() {
+                documented.insert((method.clone(), path.clone()));
+            }
+        }
+        let routes: BTreeSet<(String, String)> =
+            crate::http::ROUTES.iter().map(|(m, p)| ((*m).to_owned(), (*p).to_owned())).collect();
+        assert_eq!(documented, routes);
+    }
+}
