@@ -139,8 +139,15 @@ pub fn airlock_command() -> Command {
 /// Everything this test process made that could outlive a run: cgroups
 /// named for this process, and processes whose command line holds `marker`.
 pub fn leftovers(marker: &str) -> Vec<String> {
+    leftovers_of(std::process::id(), marker)
+}
+
+/// Everything process `pid` (this one, or an `airlock serve` it started)
+/// made that could outlive a run: cgroups named for it, airlock mounts, and
+/// processes whose command line holds `marker`.
+pub fn leftovers_of(pid: u32, marker: &str) -> Vec<String> {
     let mut found = Vec::new();
-    let prefix = format!("airlock-{}-", std::process::id());
+    let prefix = format!("airlock-{pid}-");
     for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("");
