@@ -108,8 +108,11 @@ impl Layer {
 
     /// Parses a layer name as written in records and flags.
     pub fn parse(name: &str) -> Option<Layer> {
-        ALL_LAYERS.iter().copied().find(|layer| layer.name() == name)
+        Layer::ALL.iter().copied().find(|layer| layer.name() == name)
     }
+
+    /// Every layer, for documentation.
+    pub const ALL: [Layer; 14] = ALL_LAYERS;
 }
 
 const ALL_LAYERS: [Layer; 14] = [

@@ -295,20 +295,8 @@ pub fn tool_result(record: &RunRecord) -> CallToolResult {
     }
     content.extend(artefacts);
     let mut result = if record.ok() { CallToolResult::success(content) } else { CallToolResult::error(content) };
-    result.structured_content = serde_json::to_value(without_contents(record)).ok();
+    result.structured_content = serde_json::to_value(record.without_contents()).ok();
     result
-}
-
-/// The record without the bytes the content blocks already carry.
-fn without_contents(record: &RunRecord) -> RunRecord {
-    let mut record = record.clone();
-    for figure in &mut record.figures {
-        figure.png_base64 = None;
-    }
-    for artifact in &mut record.artifacts {
-        artifact.content_base64 = None;
-    }
-    record
 }
 
 fn mime_type(path: &str) -> &'static str {

@@ -184,9 +184,9 @@ fn schemas() -> Value {
     let strings = || array(t("string"));
     json!({
         "Status": one_of_names(Status::ALL.iter().map(|s| s.name()).collect()),
-        "Limit": one_of_names(ALL_LIMITS.iter().map(|l| l.name()).collect()),
+        "Limit": one_of_names(Limit::ALL.iter().map(|l| l.name()).collect()),
         "Language": one_of_names(vec![Language::Python.name(), Language::Sh.name()]),
-        "Layer": one_of_names(ALL_LAYERS.iter().map(|l| l.name()).collect()),
+        "Layer": one_of_names(Layer::ALL.iter().map(|l| l.name()).collect()),
         "OutputOverflow": one_of_names(vec![overflow_name(OutputOverflow::Truncate), overflow_name(OutputOverflow::Kill)]),
         "PolicySpec": object(&[], &[
             ("timeout_s", number()), ("cpu_time_s", number()), ("memory_mb", integer()), ("pids", integer()),
@@ -263,39 +263,6 @@ fn overflow_name(overflow: OutputOverflow) -> &'static str {
         OutputOverflow::Kill => "kill",
     }
 }
-
-/// Every limit, for the schema; a test checks the list against serde.
-pub(crate) const ALL_LIMITS: [Limit; 11] = [
-    Limit::WallTime,
-    Limit::CpuTime,
-    Limit::Memory,
-    Limit::Pids,
-    Limit::Disk,
-    Limit::Inodes,
-    Limit::OpenFiles,
-    Limit::Output,
-    Limit::Artifacts,
-    Limit::NetworkBytes,
-    Limit::NetworkConnections,
-];
-
-/// Every layer, for the schema.
-pub(crate) const ALL_LAYERS: [Layer; 14] = [
-    Layer::UserNamespace,
-    Layer::PidNamespace,
-    Layer::MountNamespace,
-    Layer::NetworkNamespace,
-    Layer::IpcNamespace,
-    Layer::UtsNamespace,
-    Layer::CgroupNamespace,
-    Layer::Cgroups,
-    Layer::Seccomp,
-    Layer::Landlock,
-    Layer::NoNewPrivs,
-    Layer::CapabilitiesDropped,
-    Layer::Rlimits,
-    Layer::Wasm,
-];
 
 /// Checks `value` against the schema `name` of `document`'s components,
 /// the way a client generated from the document would read it: types,
@@ -418,34 +385,15 @@ mod tests {
     use super::*;
     use crate::http::{ErrorBody, ErrorDetail, FileBody, Health, RunBody};
 
-    /// Fails to compile when a limit is added without adding it to ALL_LIMITS.
-    fn limit_index(limit: Limit) -> usize {
-        match limit {
-            Limit::WallTime => 0,
-            Limit::CpuTime => 1,
-            Limit::Memory => 2,
-            Limit::Pids => 3,
-            Limit::Disk => 4,
-            Limit::Inodes => 5,
-            Limit::OpenFiles => 6,
-            Limit::Output => 7,
-            Limit::Artifacts => 8,
-            Limit::NetworkBytes => 9,
-            Limit::NetworkConnections => 10,
-        }
-    }
-
     #[test]
-    fn the_enumerations_are_complete() {
-        for (index, limit) in ALL_LIMITS.iter().enumerate() {
-            assert_eq!(limit_index(*limit), index);
+    fn the_enumerations_are_named_as_serde_writes_them() {
+        for limit in Limit::ALL {
             assert_eq!(serde_json::to_value(limit).unwrap(), json!(limit.name()));
         }
-        for layer in ALL_LAYERS {
+        for layer in Layer::ALL {
             assert_eq!(Layer::parse(layer.name()), Some(layer));
             assert_eq!(serde_json::to_value(layer).unwrap(), json!(layer.name()));
         }
-        assert_eq!(ALL_LAYERS.iter().collect::<BTreeSet<_>>().len(), ALL_LAYERS.len());
         for status in Status::ALL {
             assert_eq!(serde_json::to_value(status).unwrap(), json!(status.name()));
         }
@@ -461,7 +409,7 @@ mod tests {
             id: "r1".into(),
             started_at: "2026-11-29T10:00:00.000Z".into(),
             status: Status::Failed,
-            limits_hit: ALL_LIMITS.to_vec(),
+            limits_hit: Limit::ALL.to_vec(),
             message: Some("m".into()),
             exit_code: Some(1),
             signal: Some(9),
@@ -504,7 +452,7 @@ mod tests {
             usage: Usage { wall_ms: 1, cpu_ms: Some(1), peak_memory_bytes: Some(1) },
             isolation: Isolation {
                 backend: "linux".into(),
-                layers: ALL_LAYERS.to_vec(),
+                layers: Layer::ALL.to_vec(),
                 degraded: vec![Layer::Landlock],
                 details: BTreeMap::from([("cgroup".to_owned(), "v2".to_owned())]),
             },

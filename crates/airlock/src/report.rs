@@ -9,6 +9,21 @@ fn section(out: &mut String, title: &str) {
     let _ = writeln!(out, "── {title} {}", "─".repeat(60usize.saturating_sub(title.len())));
 }
 
+/// One output stream, when it has anything to show.
+fn stream(out: &mut String, name: &str, text: &str, truncated: bool) {
+    if text.is_empty() && !truncated {
+        return;
+    }
+    section(out, name);
+    out.push_str(text);
+    if !text.ends_with('\n') {
+        out.push('\n');
+    }
+    if truncated {
+        let _ = writeln!(out, "[… {name} truncated at the output limit]");
+    }
+}
+
 /// The report: code, output, value or error, figures, artefacts, then a
 /// status line with the limit that stopped the run and what it used.
 pub fn render(record: &RunRecord) -> String {
@@ -19,26 +34,8 @@ pub fn render(record: &RunRecord) -> String {
     for (i, line) in lines.iter().enumerate() {
         let _ = writeln!(out, "{:>width$} │ {line}", i + 1);
     }
-    if !record.stdout.is_empty() || record.stdout_truncated {
-        section(&mut out, "stdout");
-        out.push_str(&record.stdout);
-        if !record.stdout.ends_with('\n') {
-            out.push('\n');
-        }
-        if record.stdout_truncated {
-            out.push_str("[… stdout truncated at the output limit]\n");
-        }
-    }
-    if !record.stderr.is_empty() || record.stderr_truncated {
-        section(&mut out, "stderr");
-        out.push_str(&record.stderr);
-        if !record.stderr.ends_with('\n') {
-            out.push('\n');
-        }
-        if record.stderr_truncated {
-            out.push_str("[… stderr truncated at the output limit]\n");
-        }
-    }
+    stream(&mut out, "stdout", &record.stdout, record.stdout_truncated);
+    stream(&mut out, "stderr", &record.stderr, record.stderr_truncated);
     if let Some(value) = &record.value {
         section(&mut out, "value");
         let _ = writeln!(out, "{value}");
