@@ -751,7 +751,10 @@ fn weighted_median_calls() -> Value {
         {"name": "run_python", "arguments": {"code": weighted_median_with_figure(), "outputs": ["/work/out.json"]}},
         {"name": "run_python", "arguments": {"code": "import time\ntime.sleep(10)", "timeout_s": 1}},
         {"name": "run_python", "arguments": {"code": "1", "memory_mb": 1_000_000}},
-        {"name": "run_shell", "arguments": {"code": "ls /work; wc -l < /work/sales.csv"}},
+        {"name": "run_shell", "arguments": {
+            "code": "ls /work; wc -l < /work/sales.csv; head -c 3000 /dev/urandom > /work/blob.bin",
+            "outputs": ["/work/blob.bin"],
+        }},
     ])
 }
 
@@ -803,6 +806,15 @@ fn check_mcp_session(session: &Value) {
     let shell = &session["results"][3];
     assert_eq!(shell["isError"], false);
     assert!(shell["content"][0]["text"].as_str().unwrap().contains("sales.csv\n4001"), "{shell}");
+    // A binary artefact comes back as an embedded resource, whole.
+    let blob = shell["content"].as_array().unwrap().iter().find(|c| c["type"] == "resource").expect("blob.bin");
+    assert_eq!(
+        (blob["uri"].as_str(), blob["mimeType"].as_str()),
+        (Some("file:///work/blob.bin"), Some("application/octet-stream"))
+    );
+    let bytes = base64::engine::general_purpose::STANDARD.decode(blob["blob"].as_str().unwrap()).unwrap();
+    assert_eq!(bytes.len(), 3000);
+    assert_eq!(shell["structuredContent"]["artifacts"][0]["bytes"], 3000);
 }
 
 #[test]
