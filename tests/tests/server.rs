@@ -37,21 +37,45 @@ impl Server {
     /// Starts a server whose config is `extra` plus three tokens and an
     /// audit database of its own.
     fn start(extra: &str, args: &[&str]) -> Server {
+        Server::launch(extra, args, false)
+    }
+
+    /// Starts a server whose audit store is on a 3 MiB disk of its own: a
+    /// tmpfs in a mount namespace of the server's (this needs root).
+    fn start_on_a_small_disk(extra: &str) -> Server {
+        Server::launch(extra, &[], true)
+    }
+
+    fn launch(extra: &str, args: &[&str], small_disk: bool) -> Server {
         let _ = data_image();
         let dir = tempfile::tempdir().unwrap();
+        let audit_dir = if small_disk { dir.path().join("small-disk") } else { dir.path().to_owned() };
+        std::fs::create_dir_all(&audit_dir).unwrap();
         let config = format!(
             "listen = \"127.0.0.1:0\"\naudit_db = {db:?}\n{extra}\n\
              [[tokens]]\nname = \"alice\"\nsha256 = \"{alice}\"\n\
              [[tokens]]\nname = \"bob\"\nsha256 = \"{bob}\"\n\
              [[tokens]]\nname = \"auditor\"\nsha256 = \"{auditor}\"\nsee_all_runs = true\n",
-            db = dir.path().join("audit.sqlite3").display().to_string(),
+            db = audit_dir.join("audit.sqlite3").display().to_string(),
             alice = token_sha256(ALICE),
             bob = token_sha256(BOB),
             auditor = token_sha256(AUDITOR),
         );
         let config_path = dir.path().join("airlock.toml");
         std::fs::write(&config_path, config).unwrap();
-        let mut child = airlock_command()
+        let mut command = airlock_command();
+        if small_disk {
+            // unshare and sh exec in turn: the pid stays the server's.
+            let mut wrapped = Command::new("unshare");
+            wrapped
+                .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                .arg("mount -t tmpfs -o size=3m,mode=0700 srvtest \"$0\" && exec \"$@\"")
+                .arg(&audit_dir)
+                .arg(airlock_tests::airlock_bin())
+                .envs(command.get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))));
+            command = wrapped;
+        }
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
@@ -90,6 +114,7 @@ impl Server {
         format!("http://{}{path}", self.address)
     }
 
+    /// The audit database (of a server not on a small disk).
     fn db(&self) -> PathBuf {
         self.dir.path().join("audit.sqlite3")
     }
@@ -865,4 +890,65 @@ fn mcp_over_streamable_http_with_the_official_python_sdk() {
     // (The SDK does not say the status; the auth test checks the 401 itself.)
     let refused = mcp_client(&["http", &server.url("/mcp"), "wrong"], &json!([])).unwrap_err();
     assert!(refused.contains("initialize"), "{refused}");
+}
+
+#[test]
+fn a_config_that_cannot_serve_is_refused_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("listen = \"127.0.0.1:0\"\n", "[[tokens]]"),
+        (
+            &*format!("[ceiling]\ntimeout_s = 5\n[[tokens]]\nname = \"a\"\nsha256 = \"{}\"\n", token_sha256(ALICE)),
+            "defaults.timeout_s",
+        ),
+        ("[[tokens]]\nname = \"a\"\nsha256 = \"the-token-itself\"\n", "tokens[0].sha256"),
+        ("concurency = 2\n", "concurency"),
+    ];
+    for (config, needle) in cases {
+        let path = dir.path().join("airlock.toml");
+        std::fs::write(&path, config).unwrap();
+        let output = airlock_command().arg("serve").arg("--config").arg(&path).output().unwrap();
+        assert_eq!(output.status.code(), Some(125), "{config}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(needle), "{config}: the error should name {needle:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_run_that_cannot_be_recorded_is_not_returned() {
+    let mut server = Server::start_on_a_small_disk("");
+    // Each record keeps about 900 KB of output: a few fill the 3 MiB disk.
+    let loud = json!({"code": "print('x' * 900_000)"});
+    let mut recorded = Vec::new();
+    let mut refused = None;
+    for _ in 0..20 {
+        let (status, answer) = json_of(server.post_run(ALICE, &loud));
+        match status {
+            StatusCode::OK => recorded.push(answer["id"].as_str().unwrap().to_owned()),
+            StatusCode::INSUFFICIENT_STORAGE => {
+                refused = Some(answer);
+                break;
+            }
+            other => panic!("{other}: {answer}"),
+        }
+    }
+    let refused = refused.expect("the disk filled within 20 runs");
+    assert!(!recorded.is_empty(), "the first runs fit");
+    assert_eq!(refused["error"]["code"], "audit_disk_full");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("disk is full"), "{refused}");
+    let lost = refused["error"]["run_id"].as_str().unwrap();
+    // Not returned, and not half-written: the store holds exactly the runs answered.
+    assert_eq!(server.get(ALICE, &format!("/v1/runs/{lost}")).status(), StatusCode::NOT_FOUND);
+    let (_, page) = json_of(server.get(ALICE, "/v1/runs"));
+    let listed: Vec<&str> =
+        page["runs"].as_array().unwrap().iter().map(|r| r["run_id"].as_str().unwrap()).rev().collect();
+    assert_eq!(listed, recorded.iter().map(String::as_str).collect::<Vec<_>>());
+    for id in &recorded {
+        let (_, stored) = json_of(server.get(ALICE, &format!("/v1/runs/{id}")));
+        assert_eq!(stored["hash_matches"], true);
+    }
+    let metrics = server.get(ALICE, "/metrics").text().unwrap();
+    assert!(metrics.contains("airlock_audit_failures_total 1\n"), "{metrics}");
+    assert!(server.stop().success());
+    assert_nothing_left(server.pid, "");
 }
