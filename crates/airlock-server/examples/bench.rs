@@ -48,7 +48,8 @@ fn main() -> anyhow::Result<()> {
                         "direct" | "direct-audit" => {
                             let mut sandbox = Sandbox::with_runtime(Policy::default(), runtime.clone())?;
                             if let Some(store) = &audit {
-                                sandbox.set_audit(Some(Audit { store: store.clone(), principal: Some("bench".into()) }));
+                                sandbox
+                                    .set_audit(Some(Audit { store: store.clone(), principal: Some("bench".into()) }));
                             }
                             let record = sandbox.run_recorded(&airlock::RunRequest::python(CODE));
                             record.is_ok_and(|r| r.ok() && r.stdout == "2\n")
