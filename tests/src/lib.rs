@@ -136,18 +136,21 @@ pub fn airlock_command() -> Command {
 /// Everything this test process made that could outlive a run: cgroups
 /// named for this process, and processes whose command line holds `marker`.
 pub fn leftovers(marker: &str) -> Vec<String> {
-    leftovers_with_prefix(marker, &format!("airlock-{}-", std::process::id()))
+    leftovers_of(std::process::id(), marker)
 }
 
-/// Like [`leftovers`], for cgroups named with `prefix` (another process's).
-pub fn leftovers_with_prefix(marker: &str, prefix: &str) -> Vec<String> {
+/// Everything process `pid` (this one, or an `airlock serve` it started)
+/// made that could outlive a run: cgroups named for it, airlock mounts, and
+/// processes whose command line holds `marker`.
+pub fn leftovers_of(pid: u32, marker: &str) -> Vec<String> {
     let mut found = Vec::new();
+    let prefix = format!("airlock-{pid}-");
     for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("");
         if fstype == "cgroup" || fstype == "cgroup2" {
             let Some(mount) = fields.get(4) else { continue };
-            walk_cgroups(Path::new(mount), prefix, &mut found);
+            walk_cgroups(Path::new(mount), &prefix, &mut found);
         }
         if line.contains("airlock") && fstype != "cgroup" && fstype != "cgroup2" {
             found.push(format!("mount: {line}"));

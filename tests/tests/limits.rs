@@ -219,10 +219,10 @@ fn a_supervisor_killed_mid_run_takes_its_sandbox_with_it() {
     }
     // The dead supervisor's cgroup stays until the next start removes it.
     let pid = child.id();
-    assert!(!airlock_tests::leftovers_with_prefix("", &format!("airlock-{pid}-")).is_empty());
+    assert!(!airlock_tests::leftovers_of(pid, "").is_empty());
     let next =
         airlock_tests::airlock_command().args(["run", "--python", "python3", "-c", "print(1)"]).output().unwrap();
     assert!(next.status.success());
-    let stale = airlock_tests::leftovers_with_prefix("", &format!("airlock-{pid}-"));
+    let stale = airlock_tests::leftovers_of(pid, "");
     assert!(stale.is_empty(), "{stale:?}");
 }

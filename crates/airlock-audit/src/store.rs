@@ -323,7 +323,7 @@ impl AuditStore {
         if record.id.is_empty() {
             return Err(AuditError::BadRecord { reason: "it has no run id".to_owned() });
         }
-        let stored = serde_json::to_string(&without_contents(record))
+        let stored = serde_json::to_string(&record.without_contents())
             .map_err(|error| AuditError::BadRecord { reason: format!("it cannot be written as JSON: {error}") })?;
         // A started_at that is not RFC 3339 is kept as written: the run is
         // still recorded, it just sorts oddly in time filters.
@@ -662,17 +662,4 @@ fn check_principal(name: &str) -> Result<(), AuditError> {
         return bad("it contains control characters");
     }
     Ok(())
-}
-
-/// The record as stored: artefact and figure contents dropped, their hashes
-/// kept. Contents can be megabytes each and are not evidence of what ran.
-fn without_contents(record: &RunRecord) -> RunRecord {
-    let mut stored = record.clone();
-    for artifact in &mut stored.artifacts {
-        artifact.content_base64 = None;
-    }
-    for figure in &mut stored.figures {
-        figure.png_base64 = None;
-    }
-    stored
 }

@@ -1,7 +1,9 @@
 //! `airlock`: run code a language model wrote, without letting it run your machine.
 
+mod audit_cmd;
 mod image_cmd;
 mod run_cmd;
+mod serve_cmd;
 mod show;
 
 use std::process::ExitCode;
@@ -24,6 +26,12 @@ enum Command {
     /// Build, list, show and remove runtime images.
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
+    /// Check the audit trail, show a recorded run, list runs.
+    Audit(audit_cmd::AuditArgs),
+    /// Serve the HTTP API, and MCP over streamable HTTP at /mcp.
+    Serve(serve_cmd::ServeArgs),
+    /// Serve MCP on standard input and output, for an agent that starts airlock itself.
+    Mcp(serve_cmd::McpArgs),
 }
 
 /// Exit statuses, following `timeout` and `docker run`.
@@ -48,6 +56,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run_cmd::run(*args),
         Command::Image(command) => image_cmd::run(command).map(|()| ExitCode::SUCCESS),
+        Command::Audit(args) => audit_cmd::run(args),
+        Command::Serve(args) => serve_cmd::serve(args).map(|()| ExitCode::SUCCESS),
+        Command::Mcp(args) => serve_cmd::mcp(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -5,7 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use airlock::image::BuildEvent;
-use airlock::{Language, Output, Policy, PolicySpec, RunRecord, RunRequest, SandboxOptions, SandboxPath, Status};
+use std::sync::Arc;
+
+use airlock::audit::AuditStore;
+use airlock::{
+    Audit, Language, Output, Policy, PolicySpec, RunRecord, RunRequest, SandboxOptions, SandboxPath, Status, Unrecorded,
+};
 use anyhow::{Context, bail};
 use clap::Args;
 
@@ -92,7 +97,13 @@ pub struct RunArgs {
     /// Print the run record as one JSON object instead of the readable report.
     #[arg(long)]
     json: bool,
+    /// Record the run in the audit store (also: environment AIRLOCK_AUDIT=1).
+    #[arg(long)]
+    audit: bool,
 }
+
+/// The environment variable that turns `--audit` on.
+const AUDIT_ENV: &str = "AIRLOCK_AUDIT";
 
 /// The most standard input `--stdin` passes on.
 const MAX_STDIN: u64 = 64 << 20;
@@ -121,27 +132,54 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(p) => read_capped(std::fs::File::open(p).with_context(|| format!("--stdin {}", p.display()))?, "--stdin")?,
     };
 
+    let audit = if args.audit || audit_from_env()? {
+        let path = AuditStore::default_path()?;
+        Some(Audit { store: Arc::new(AuditStore::open(&path)?), principal: None })
+    } else {
+        None
+    };
     let mut progress = |event: BuildEvent| print_progress(&event);
     let mut sandbox = airlock::Sandbox::with_options(SandboxOptions {
         policy,
         image: args.image.clone(),
         python: args.python.clone(),
         on_build: Some(&mut progress),
+        audit,
     })?;
     for (host, sandbox_path) in &inputs {
         let data = std::fs::read(host).with_context(|| format!("--file {}", host.display()))?;
         sandbox.write(&sandbox_path.to_string(), &data)?;
     }
     let request = RunRequest { code, language, stdin, cwd: None, display_name: Some(display_name), outputs };
-    let mut record = sandbox.run_request(&request);
+    // A run that could not be recorded is shown, then fails the command.
+    let (mut record, unrecorded) = match sandbox.run_recorded(&request) {
+        Ok(record) => (record, None),
+        Err(Unrecorded { record, error }) => (*record, Some(error)),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
         let dir = args.figures_dir.clone().unwrap_or_else(|| PathBuf::from("."));
         crate::show::save_figures(&mut record, &dir);
-        print!("{}", crate::show::render(&record));
+        print!("{}", airlock::report::render(&record));
+    }
+    if let Some(error) = unrecorded {
+        eprintln!("airlock: run {} was NOT recorded in the audit store: {error}", record.id);
+        return Ok(ExitCode::from(exit::SANDBOX_ERROR));
     }
     Ok(ExitCode::from(exit_status(&record)))
+}
+
+/// Whether AIRLOCK_AUDIT asks for the run to be recorded.
+fn audit_from_env() -> anyhow::Result<bool> {
+    match std::env::var(AUDIT_ENV) {
+        Err(_) => Ok(false),
+        Ok(value) => match value.as_str() {
+            "" | "0" | "false" | "no" => Ok(false),
+            "1" | "true" | "yes" => Ok(true),
+            other => bail!("{AUDIT_ENV}={other:?}: use 1 to record runs, 0 not to"),
+        },
+    }
 }
 
 /// The command's exit status for a run.

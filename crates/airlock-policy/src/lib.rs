@@ -3,6 +3,8 @@
 //! Every front door (the command line, the HTTP API, MCP, the Python package)
 //! fills the same [`PolicySpec`]; one function, [`Policy::from_spec`], checks it
 //! against the facts of the host ([`HostFacts`]) and turns it into a [`Policy`].
+//! A front door that serves others (the HTTP API, MCP) first checks a
+//! request against the operator's ceiling with [`PolicySpec::check_within`].
 //! Every run, on every backend, leaves one [`RunRecord`].
 //!
 //! This crate makes no system calls and holds no `unsafe`: backends read the
@@ -10,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+mod ceiling;
 mod network;
 mod path;
 mod policy;

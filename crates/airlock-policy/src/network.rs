@@ -94,6 +94,23 @@ impl HostRule {
             }
     }
 
+    /// Whether everything `narrower` allows, this rule allows too: each of its
+    /// ports, and every host its pattern can match.
+    pub fn covers(&self, narrower: &HostRule) -> bool {
+        narrower.ports.iter().all(|port| self.ports.contains(port))
+            && match (&self.host, &narrower.host) {
+                (HostPattern::Ip(mine), HostPattern::Ip(theirs)) => mine == theirs,
+                (HostPattern::Name(mine), HostPattern::Name(theirs)) => mine == theirs,
+                (HostPattern::Subdomains(_), HostPattern::Name(name)) => {
+                    narrower.ports.first().is_some_and(|port| self.allows_name(name, *port))
+                }
+                (HostPattern::Subdomains(mine), HostPattern::Subdomains(theirs)) => {
+                    mine == theirs || theirs.strip_suffix(mine.as_str()).is_some_and(|prefix| prefix.ends_with('.'))
+                }
+                _ => false,
+            }
+    }
+
     /// Whether this rule allows `port` on the IP literal `ip`.
     pub fn allows_ip(&self, ip: IpAddr, port: u16) -> bool {
         self.ports.contains(&port) && matches!(&self.host, HostPattern::Ip(allowed) if *allowed == ip)
@@ -192,6 +209,24 @@ mod tests {
         assert!(!r.allows_name("example.org", 443));
         assert!(!r.allows_name("badexample.org", 443));
         assert!(!r.allows_name("a.example.org", 22));
+    }
+
+    #[test]
+    fn covers_only_what_is_inside() {
+        let rule = |text: &str| HostRule::parse(text).unwrap();
+        assert!(rule("*.example.org").covers(&rule("a.example.org:443")));
+        assert!(rule("*.example.org").covers(&rule("*.a.example.org")));
+        assert!(rule("*.example.org").covers(&rule("*.example.org:80")));
+        assert!(!rule("*.example.org").covers(&rule("example.org")), "the wildcard is strictly below");
+        assert!(!rule("*.example.org").covers(&rule("a.example.org:22")), "a port the rule does not open");
+        assert!(!rule("*.a.example.org").covers(&rule("*.example.org")), "wider than the rule");
+        assert!(!rule("*.example.org").covers(&rule("*.badexample.org")));
+        assert!(rule("example.com").covers(&rule("EXAMPLE.com:443")));
+        assert!(!rule("example.com:443").covers(&rule("example.com")), "80 is not opened");
+        assert!(!rule("example.com").covers(&rule("*.example.com")));
+        assert!(rule("10.0.0.1:8080").covers(&rule("10.0.0.1:8080")));
+        assert!(!rule("10.0.0.1:8080").covers(&rule("10.0.0.2:8080")));
+        assert!(!rule("*.example.org").covers(&rule("93.184.216.34")), "a name never covers an address");
     }
 
     #[test]

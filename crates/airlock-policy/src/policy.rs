@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::network::{HostRule, HostRuleError};
 use crate::spec::PolicySpec;
 
-const MIB: u64 = 1024 * 1024;
+pub(crate) const MIB: u64 = 1024 * 1024;
 
 /// The most wall time any policy may ask for; longer jobs are not what a code
 /// tool is for, and a typo of `86400` for `8640` should not hold a slot for days.
@@ -108,8 +108,11 @@ impl Layer {
 
     /// Parses a layer name as written in records and flags.
     pub fn parse(name: &str) -> Option<Layer> {
-        ALL_LAYERS.iter().copied().find(|layer| layer.name() == name)
+        Layer::ALL.iter().copied().find(|layer| layer.name() == name)
     }
+
+    /// Every layer, for documentation.
+    pub const ALL: [Layer; 14] = ALL_LAYERS;
 }
 
 const ALL_LAYERS: [Layer; 14] = [
@@ -285,6 +288,33 @@ pub enum PolicyError {
     ZeroNetworkCap { field: &'static str },
     #[error("{field}: {message}")]
     Invalid { field: &'static str, message: String },
+    /// A request asked for more than the operator allows.
+    #[error("{field} is {value}, above the operator's ceiling of {ceiling}; ask for at most {ceiling}")]
+    AboveCeiling { field: &'static str, value: String, ceiling: String },
+    /// A request asked for something the operator did not allow at all.
+    #[error("{field}: {message}")]
+    NotAllowed { field: &'static str, message: String },
+}
+
+impl PolicyError {
+    /// The policy field the error is about, for an API answer that names it.
+    pub fn field(&self) -> &'static str {
+        match self {
+            PolicyError::BadDuration { field, .. }
+            | PolicyError::DurationTooLong { field, .. }
+            | PolicyError::TooSmall { field, .. }
+            | PolicyError::AboveHost { field, .. }
+            | PolicyError::ZeroNetworkCap { field }
+            | PolicyError::Invalid { field, .. }
+            | PolicyError::AboveCeiling { field, .. }
+            | PolicyError::NotAllowed { field, .. } => field,
+            PolicyError::BadCpus { .. } => "cpus",
+            PolicyError::BadEnvKey { .. } | PolicyError::BadEnvValue { .. } => "env",
+            PolicyError::BadHostRule { .. } => "allow_hosts",
+            PolicyError::UnknownLayer { .. } | PolicyError::LayerNotDegradable { .. } => "allow_degraded",
+            PolicyError::UnknownBackend { .. } => "backend",
+        }
+    }
 }
 
 fn degradable_names() -> String {

@@ -91,6 +91,21 @@ pub enum Limit {
 }
 
 impl Limit {
+    /// Every limit, for documentation and metrics.
+    pub const ALL: [Limit; 11] = [
+        Limit::WallTime,
+        Limit::CpuTime,
+        Limit::Memory,
+        Limit::Pids,
+        Limit::Disk,
+        Limit::Inodes,
+        Limit::OpenFiles,
+        Limit::Output,
+        Limit::Artifacts,
+        Limit::NetworkBytes,
+        Limit::NetworkConnections,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Limit::WallTime => "wall_time",
@@ -315,6 +330,20 @@ impl RunRecord {
         self.status == Status::Ok
     }
 
+    /// The record without the artefact and figure contents, which can be
+    /// megabytes each; their hashes stay. What the audit store keeps, and
+    /// what an MCP result carries beside the contents' own blocks.
+    pub fn without_contents(&self) -> RunRecord {
+        let mut record = self.clone();
+        for artifact in &mut record.artifacts {
+            artifact.content_base64 = None;
+        }
+        for figure in &mut record.figures {
+            figure.png_base64 = None;
+        }
+        record
+    }
+
     /// The limit that stopped the run, if a limit did.
     pub fn stopping_limit(&self) -> Option<Limit> {
         match self.status {
@@ -324,5 +353,55 @@ impl RunRecord {
             Status::OutputLimit => Some(Limit::Output),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fails to compile when a limit is added, until it is added to `Limit::ALL` too.
+    fn position(limit: Limit) -> usize {
+        match limit {
+            Limit::WallTime => 0,
+            Limit::CpuTime => 1,
+            Limit::Memory => 2,
+            Limit::Pids => 3,
+            Limit::Disk => 4,
+            Limit::Inodes => 5,
+            Limit::OpenFiles => 6,
+            Limit::Output => 7,
+            Limit::Artifacts => 8,
+            Limit::NetworkBytes => 9,
+            Limit::NetworkConnections => 10,
+        }
+    }
+
+    #[test]
+    fn every_limit_is_listed_once() {
+        for (index, limit) in Limit::ALL.iter().enumerate() {
+            assert_eq!(position(*limit), index);
+        }
+    }
+
+    #[test]
+    fn without_contents_keeps_the_hashes() {
+        let record = RunRecord {
+            artifacts: vec![ArtifactRecord {
+                path: "/work/a".into(),
+                sha256: Some("ab".into()),
+                content_base64: Some("AA==".into()),
+                ..ArtifactRecord::default()
+            }],
+            figures: vec![FigureRecord {
+                sha256: "cd".into(),
+                png_base64: Some("AA==".into()),
+                ..FigureRecord::default()
+            }],
+            ..RunRecord::default()
+        };
+        let stored = record.without_contents();
+        assert_eq!((stored.artifacts[0].content_base64.as_ref(), stored.figures[0].png_base64.as_ref()), (None, None));
+        assert_eq!((stored.artifacts[0].sha256.as_deref(), stored.figures[0].sha256.as_str()), (Some("ab"), "cd"));
     }
 }

@@ -1,7 +1,9 @@
 //! The sandbox every front door uses.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use airlock_audit::{AuditError, AuditStore};
 
 use airlock_core::record::{self, RunContext};
 use airlock_core::{Backend, Instance, Job, KillSwitch, Runtime};
@@ -57,6 +59,26 @@ pub struct SandboxOptions<'a> {
     pub python: Option<String>,
     /// Told about the default image's build, if one is needed.
     pub on_build: Option<&'a mut dyn FnMut(BuildEvent)>,
+    /// Record every run in this audit store.
+    pub audit: Option<Audit>,
+}
+
+/// Where a sandbox records its runs, and in whose name.
+#[derive(Clone, Debug)]
+pub struct Audit {
+    pub store: Arc<AuditStore>,
+    /// Who asked for the runs: a token's name, never a token.
+    pub principal: Option<String>,
+}
+
+/// A run that happened but could not be recorded in the audit store. The
+/// record is kept whole, so nothing about the run is lost.
+#[derive(Debug, thiserror::Error)]
+#[error("run {} was not recorded in the audit store: {error}", record.id)]
+pub struct Unrecorded {
+    pub record: Box<RunRecord>,
+    #[source]
+    pub error: AuditError,
 }
 
 impl std::fmt::Debug for SandboxOptions<'_> {
@@ -65,6 +87,7 @@ impl std::fmt::Debug for SandboxOptions<'_> {
             .field("policy", &self.policy)
             .field("image", &self.image)
             .field("python", &self.python)
+            .field("audit", &self.audit)
             .finish()
     }
 }
@@ -114,6 +137,7 @@ pub struct Sandbox {
     runtime: Runtime,
     inputs: Vec<InputRecord>,
     kill: KillSwitch,
+    audit: Option<Audit>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -158,7 +182,9 @@ impl Sandbox {
                 store.get_or_build_default(name, progress)?.runtime()
             }
         };
-        Sandbox::with_runtime(options.policy, runtime)
+        let mut sandbox = Sandbox::with_runtime(options.policy, runtime)?;
+        sandbox.set_audit(options.audit);
+        Ok(sandbox)
     }
 
     /// A sandbox with `policy` running `runtime`.
@@ -170,7 +196,12 @@ impl Sandbox {
     /// helper at a given path, say).
     pub fn with_backend(backend: &dyn Backend, policy: Policy, runtime: Runtime) -> Result<Sandbox, Error> {
         let instance = backend.create(&policy, &runtime)?;
-        Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new() })
+        Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None })
+    }
+
+    /// Records every later run in `audit` (or in none).
+    pub fn set_audit(&mut self, audit: Option<Audit>) {
+        self.audit = audit;
     }
 
     pub fn policy(&self) -> &Policy {
@@ -218,7 +249,38 @@ impl Sandbox {
 
     /// Runs a request and returns its record. Never fails: a sandbox that
     /// could not run the code gives a record with status `sandbox_error`.
+    ///
+    /// With an audit store set, the run is recorded there; a failure to
+    /// record is not silent: the record's `message` says the run was not
+    /// recorded, and why. Callers that must not hand out an unrecorded run
+    /// (a server) use [`Sandbox::run_recorded`] instead.
     pub fn run_request(&mut self, request: &RunRequest) -> RunRecord {
+        match self.run_recorded(request) {
+            Ok(record) => record,
+            Err(Unrecorded { mut record, error }) => {
+                let note = format!("this run was NOT recorded in the audit store: {error}");
+                record.message = Some(match record.message.take() {
+                    Some(message) => format!("{message}; {note}"),
+                    None => note,
+                });
+                *record
+            }
+        }
+    }
+
+    /// Runs a request, records it in the audit store if one is set, and
+    /// returns its record; or, when recording failed, the record with the
+    /// error. Without an audit store this never fails.
+    pub fn run_recorded(&mut self, request: &RunRequest) -> Result<RunRecord, Unrecorded> {
+        let record = self.execute(request);
+        let Some(audit) = &self.audit else { return Ok(record) };
+        match audit.store.append(&record, audit.principal.as_deref()) {
+            Ok(_) => Ok(record),
+            Err(error) => Err(Unrecorded { record: Box::new(record), error }),
+        }
+    }
+
+    fn execute(&mut self, request: &RunRequest) -> RunRecord {
         let job = Job {
             code: request.code.clone(),
             language: request.language,

@@ -1,0 +1,133 @@
+//! `airlock audit`: check the chain, show a run, list runs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use airlock::Status;
+use airlock::audit::{AuditStore, ChainHead, ListFilter};
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+/// The exit status of `airlock audit verify` when the chain is broken.
+pub const CHAIN_BROKEN: u8 = 1;
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// The audit database [default: audit.sqlite3 in airlock's data directory, AIRLOCK_HOME].
+    #[arg(long, value_name = "FILE", global = true)]
+    db: Option<PathBuf>,
+    #[command(subcommand)]
+    command: AuditCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Check the hash chain and name the first broken link (exit status 1 if broken).
+    Verify {
+        /// Also check that this entry, noted earlier as SEQ:HASH, is still there unchanged.
+        #[arg(long, value_name = "SEQ:HASH")]
+        anchor: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print one run: its code beside its output, status, policy and place in the chain.
+    Show {
+        /// The run id.
+        id: String,
+        /// Print the stored entry as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List runs, newest first.
+    List {
+        /// Only runs with this status (ok, failed, timeout, memory_limit, cpu_limit, output_limit, sandbox_error).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only runs started at or after this time (RFC 3339, or a date).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only runs started before this time (RFC 3339, or a date).
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Only runs asked for by the token of this name.
+        #[arg(long, value_name = "NAME")]
+        principal: Option<String>,
+        /// Runs per page (1 to 1000) [default: 50].
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Print the page as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
+    let path = match args.db {
+        Some(path) => path,
+        None => AuditStore::default_path()?,
+    };
+    // Every subcommand reads: a missing file is a wrong path, not a store to start.
+    let store = AuditStore::open_existing(&path)?;
+    match args.command {
+        AuditCommand::Verify { anchor, json } => {
+            let report = match anchor {
+                Some(text) => {
+                    let anchor = ChainHead::parse(&text)
+                        .with_context(|| format!("--anchor {text:?}: write SEQ:HASH, as verify prints the head"))?;
+                    store.verify_anchored(&anchor)?
+                }
+                None => store.verify()?,
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{report}");
+            }
+            Ok(if report.is_intact() { ExitCode::SUCCESS } else { ExitCode::from(CHAIN_BROKEN) })
+        }
+        AuditCommand::Show { id, json } => {
+            let run = store.get(&id)?.with_context(|| format!("there is no run {id:?} in {}", path.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&run)?);
+            } else {
+                print!("{}", airlock::audit::render(&run));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::List { status, since, until, principal, limit, cursor, json } => {
+            let status = status
+                .map(|name| {
+                    Status::parse(&name).with_context(|| {
+                        let names: Vec<&str> = Status::ALL.iter().map(|s| s.name()).collect();
+                        format!("--status {name:?}: use one of {}", names.join(", "))
+                    })
+                })
+                .transpose()?;
+            let page = store.list(&ListFilter { status, since, until, principal, limit, cursor })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&page)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for run in &page.runs {
+                let who = run.principal.as_deref().unwrap_or("-");
+                let language = run.language.map_or("-", |l| l.name());
+                println!(
+                    "{:>6}  {}  {}  {:<13}  {language:<6}  {}",
+                    run.seq,
+                    run.started_at,
+                    run.run_id,
+                    run.status.name(),
+                    who.escape_debug()
+                );
+            }
+            if let Some(cursor) = page.next_cursor {
+                println!("more: --cursor {cursor}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! The operator's configuration: a TOML file with the defaults and the
+//! ceilings of every run, the tokens that may ask for runs, and the data every
+//! run starts with.
+//!
+//! ```toml
+//! listen = "127.0.0.1:8750"     # where `airlock serve` listens
+//! concurrency = 2               # runs at once [default: the number of cores]
+//! queue = 8                     # runs waiting for a slot; past it, 429 [default: 4 x concurrency]
+//! max_body_bytes = 33554432     # request bodies above this get 413 [default: 32 MiB]
+//! grace_period_s = 10           # on SIGTERM, how long running runs may finish [default: 10]
+//! image = "python-data"         # the runtime image [default: python-data], or:
+//! # python = "/usr/bin/python3" # a host interpreter as it is
+//! # audit_db = "/var/lib/airlock/audit.sqlite3"  # [default: audit.sqlite3 in the data directory]
+//!
+//! [defaults]                    # a PolicySpec: what a run gets when it asks for nothing
+//! timeout_s = 10
+//!
+//! [ceiling]                     # a PolicySpec: the most a run may ask for
+//! timeout_s = 60
+//! memory_mb = 1024
+//! allow_hosts = ["pypi.org"]
+//!
+//! [[tokens]]                    # printf %s "$TOKEN" | sha256sum
+//! name = "ci-bot"
+//! sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+//! # see_all_runs = true        # may read every run, not only its own
+//!
+//! [[files]]                     # copied into every run's /work
+//! host = "/srv/data/sales.csv"
+//! sandbox = "/work/sales.csv"   # [default: /work/<file name>]
+//! ```
+//!
+//! A field left out of `[ceiling]` keeps the library's default as its
+//! ceiling, and one left out of `[defaults]` keeps the library's default; the
+//! defaults must fit under the ceiling, and the server refuses to start if
+//! they do not, naming the field.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use airlock::{HostFacts, Policy, PolicyError, PolicySpec, Runtime, SandboxPath};
+use serde::Deserialize;
+use sha2::Digest;
+
+/// The address `airlock serve` listens on when the config names none.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8750";
+/// Request bodies above this get 413 unless the config says otherwise: room
+/// for the default 16 MiB file cap in base64 with some to spare.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+/// How long runs may go on after SIGTERM before they are killed.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(10);
+/// Waiting runs per slot when the config does not size the queue.
+pub const DEFAULT_QUEUE_PER_SLOT: usize = 4;
+
+/// The configuration file as written. [`Settings::new`] checks it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: Option<String>,
+    pub concurrency: Option<usize>,
+    pub queue: Option<usize>,
+    pub max_body_bytes: Option<usize>,
+    pub grace_period_s: Option<f64>,
+    pub image: Option<String>,
+    pub python: Option<String>,
+    pub audit_db: Option<PathBuf>,
+    #[serde(default)]
+    pub defaults: PolicySpec,
+    #[serde(default)]
+    pub ceiling: PolicySpec,
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+    #[serde(default)]
+    pub files: Vec<FileConfig>,
+}
+
+/// A bearer token, kept as the SHA-256 of the token: the file never holds
+/// the token itself.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Who the token belongs to: the name runs are recorded under.
+    pub name: String,
+    /// Lower-case hex SHA-256 of the token's bytes.
+    pub sha256: String,
+    /// May read every recorded run, not only the runs it asked for.
+    #[serde(default)]
+    pub see_all_runs: bool,
+}
+
+/// A host file copied into the work directory of every run.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub host: PathBuf,
+    /// Where it appears; `/work/<file name>` when absent.
+    pub sandbox: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads the `--file HOST_PATH[:SANDBOX_PATH]` form.
+    pub fn parse(arg: &str) -> FileConfig {
+        match arg.split_once(':') {
+            Some((host, sandbox)) => FileConfig { host: PathBuf::from(host), sandbox: Some(sandbox.to_owned()) },
+            None => FileConfig { host: PathBuf::from(arg), sandbox: None },
+        }
+    }
+}
+
+/// A configuration that cannot be used, naming the setting and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the config {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{setting}: {source}")]
+    Policy {
+        setting: &'static str,
+        #[source]
+        source: PolicyError,
+    },
+    #[error("{setting}: {message}")]
+    Invalid { setting: String, message: String },
+    #[error("files: {path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+impl ServerConfig {
+    /// Reads and parses a TOML config file. Unknown settings are refused.
+    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        toml::from_str(&text).map_err(|error| ConfigError::Parse { path: path.to_owned(), message: error.to_string() })
+    }
+}
+
+/// A token the server accepts: its name and the hash of its bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token {
+    pub name: String,
+    pub sha256: [u8; 32],
+    pub see_all_runs: bool,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not even the hash goes to a log.
+        f.debug_struct("Token").field("name", &self.name).field("see_all_runs", &self.see_all_runs).finish()
+    }
+}
+
+/// A file every run starts with, read once when the server starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataFile {
+    pub path: SandboxPath,
+    pub data: std::sync::Arc<[u8]>,
+}
+
+/// A checked configuration, ready to serve.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub listen: String,
+    pub concurrency: usize,
+    pub queue: usize,
+    pub max_body_bytes: usize,
+    pub grace_period: Duration,
+    /// What a run gets when it asks for nothing.
+    pub defaults: Policy,
+    /// The most a run may ask for.
+    pub ceiling: Policy,
+    pub host: HostFacts,
+    pub runtime: Runtime,
+    pub tokens: Vec<Token>,
+    pub files: Vec<DataFile>,
+    pub audit_db: PathBuf,
+}
+
+impl Settings {
+    /// Checks `config` against this host. `runtime` is what the code runs
+    /// with ([`resolve_runtime`]); `audit_db` is where runs are recorded when
+    /// the config does not say.
+    pub fn new(
+        config: &ServerConfig,
+        host: HostFacts,
+        runtime: Runtime,
+        default_audit_db: PathBuf,
+    ) -> Result<Settings, ConfigError> {
+        let ceiling = Policy::from_spec(&config.ceiling, &host)
+            .map_err(|source| ConfigError::Policy { setting: "ceiling", source })?;
+        let defaults = Policy::from_spec(&config.defaults, &host)
+            .map_err(|source| ConfigError::Policy { setting: "defaults", source })?;
+        defaults.to_spec().check_within(&ceiling).map_err(|source| ConfigError::Invalid {
+            setting: format!("defaults.{}", source.field()),
+            message: format!(
+                "{source} (a default left unset is the library's; set it in [defaults], or raise [ceiling])"
+            ),
+        })?;
+        let concurrency = config.concurrency.unwrap_or(host.cpus as usize);
+        if concurrency == 0 {
+            return Err(invalid("concurrency", "must be at least 1 run at once"));
+        }
+        let queue = config.queue.unwrap_or(concurrency * DEFAULT_QUEUE_PER_SLOT);
+        let max_body_bytes = config.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes < 1024 {
+            return Err(invalid("max_body_bytes", "must be at least 1024 bytes, room for a small run"));
+        }
+        let grace_period = match config.grace_period_s {
+            None => DEFAULT_GRACE_PERIOD,
+            Some(s) if s.is_finite() && (0.0..=3600.0).contains(&s) => Duration::from_secs_f64(s),
+            Some(s) => {
+                return Err(invalid("grace_period_s", &format!("{s} is not a number of seconds from 0 to 3600")));
+            }
+        };
+        let tokens = config.tokens.iter().enumerate().map(|(i, t)| check_token(i, t)).collect::<Result<Vec<_>, _>>()?;
+        for (i, token) in tokens.iter().enumerate() {
+            if tokens[..i].iter().any(|other| other.name == token.name) {
+                return Err(invalid(&format!("tokens[{i}].name"), &format!("{:?} is used twice", token.name)));
+            }
+            if tokens[..i].iter().any(|other| other.sha256 == token.sha256) {
+                return Err(invalid(&format!("tokens[{i}].sha256"), "the same token is listed twice"));
+            }
+        }
+        let files = read_files(&config.files, &defaults)?;
+        Ok(Settings {
+            listen: config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
+            concurrency,
+            queue,
+            max_body_bytes,
+            grace_period,
+            defaults,
+            ceiling,
+            host,
+            runtime,
+            tokens,
+            files,
+            audit_db: config.audit_db.clone().unwrap_or(default_audit_db),
+        })
+    }
+
+    /// The token whose hash matches `presented`, compared in constant time.
+    pub fn token(&self, presented: &str) -> Option<&Token> {
+        let digest: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
+        let mut found = None;
+        for token in &self.tokens {
+            let difference = token.sha256.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            if difference == 0 {
+                found = Some(token);
+            }
+        }
+        found
+    }
+}
+
+/// What the code runs with: the image named in the config (built on first
+/// use when it is the default image), or a host interpreter as it is.
+pub fn resolve_runtime(config: &ServerConfig) -> Result<Runtime, airlock::Error> {
+    match (&config.python, &config.image) {
+        (Some(python), None) => Ok(airlock::interpreter::Interpreter::resolve(python)?.runtime()),
+        (Some(_), Some(_)) => Err(airlock::Error::ImageBuild {
+            name: String::new(),
+            reason: "the config names both an image and a python; choose one".to_owned(),
+        }),
+        (None, image) => {
+            let store = airlock::image::ImageStore::open_default()?;
+            let name = image.as_deref().unwrap_or(airlock::image::DEFAULT_IMAGE);
+            let mut progress = |event: airlock::image::BuildEvent| eprintln!("airlock: image {name}: {event:?}");
+            Ok(store.get_or_build_default(name, &mut progress)?.runtime())
+        }
+    }
+}
+
+/// The lower-case hex SHA-256 of a token, as the config keeps it.
+pub fn token_sha256(token: &str) -> String {
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+fn invalid(setting: &str, message: &str) -> ConfigError {
+    ConfigError::Invalid { setting: setting.to_owned(), message: message.to_owned() }
+}
+
+fn check_token(index: usize, token: &TokenConfig) -> Result<Token, ConfigError> {
+    let name = token.name.trim();
+    if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) {
+        return Err(invalid(
+            &format!("tokens[{index}].name"),
+            "give each token a name of 1 to 200 printable characters; runs are recorded under it",
+        ));
+    }
+    let mut sha256 = [0u8; 32];
+    let hash = token.sha256.trim();
+    let decoded = hex::decode_to_slice(hash, &mut sha256);
+    if decoded.is_err() || hash.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(invalid(
+            &format!("tokens[{index}].sha256"),
+            "must be the 64 lower-case hex digits of the token's SHA-256 (printf %s \"$TOKEN\" | sha256sum), never the token",
+        ));
+    }
+    Ok(Token { name: name.to_owned(), sha256, see_all_runs: token.see_all_runs })
+}
+
+fn read_files(files: &[FileConfig], defaults: &Policy) -> Result<Vec<DataFile>, ConfigError> {
+    let mut total = 0u64;
+    let mut read = Vec::new();
+    for file in files {
+        let fail = |message: String| ConfigError::File { path: file.host.clone(), message };
+        let inside = match &file.sandbox {
+            Some(path) => path.clone(),
+            None => {
+                let name = file.host.file_name().ok_or_else(|| fail("name a file, not a folder".to_owned()))?;
+                format!("/work/{}", name.to_string_lossy())
+            }
+        };
+        let path = SandboxPath::parse(&inside).map_err(|e| fail(e.to_string()))?;
+        let meta = std::fs::metadata(&file.host).map_err(|e| fail(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(fail("not a regular file".to_owned()));
+        }
+        let data = std::fs::read(&file.host).map_err(|e| fail(e.to_string()))?;
+        let size = data.len() as u64;
+        if size > defaults.limits.file_bytes {
+            return Err(fail(format!(
+                "{size} bytes is above the per-file cap of {} bytes (defaults.max_file_bytes)",
+                defaults.limits.file_bytes
+            )));
+        }
+        total += size;
+        if total > defaults.limits.files_total_bytes {
+            return Err(fail(format!(
+                "the files together pass the cap of {} bytes (defaults.max_files_total_bytes)",
+                defaults.limits.files_total_bytes
+            )));
+        }
+        if read.iter().any(|f: &DataFile| f.path == path) {
+            return Err(fail(format!("{path} is named twice")));
+        }
+        read.push(DataFile { path, data: data.into() });
+    }
+    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> HostFacts {
+        HostFacts { memory_bytes: 8 << 30, cpus: 2, pid_max: 32768, nr_open: 1 << 20 }
+    }
+
+    fn settings(toml_text: &str) -> Result<Settings, ConfigError> {
+        let config: ServerConfig = toml::from_str(toml_text)
+            .map_err(|e| ConfigError::Parse { path: PathBuf::from("test.toml"), message: e.to_string() })?;
+        Settings::new(&config, host(), Runtime::default(), PathBuf::from("/tmp/audit.sqlite3"))
+    }
+
+    #[test]
+    fn an_empty_config_serves_with_the_defaults() {
+        let s = settings("").unwrap();
+        assert_eq!(s.concurrency, 2, "one run per core");
+        assert_eq!(s.queue, 8);
+        assert_eq!(s.listen, DEFAULT_LISTEN);
+        assert_eq!(s.defaults, Policy::default());
+        assert!(s.tokens.is_empty());
+    }
+
+    #[test]
+    fn unknown_settings_and_policy_fields_are_refused() {
+        let error = settings("lisen = \"x\"").unwrap_err().to_string();
+        assert!(error.contains("lisen"), "{error}");
+        let error = settings("[ceiling]\nmemroy_mb = 5").unwrap_err().to_string();
+        assert!(error.contains("memroy_mb"), "{error}");
+    }
+
+    #[test]
+    fn defaults_above_the_ceiling_are_refused_naming_the_field() {
+        let error = settings("[ceiling]\ntimeout_s = 5").unwrap_err().to_string();
+        assert!(error.starts_with("defaults.timeout_s:"), "{error}");
+        settings("[ceiling]\ntimeout_s = 5\n[defaults]\ntimeout_s = 5").unwrap();
+    }
+
+    #[test]
+    fn tokens_are_hashes_with_unique_names() {
+        let hash = token_sha256("s3cret");
+        let s = settings(&format!("[[tokens]]\nname = \"bot\"\nsha256 = \"{hash}\"")).unwrap();
+        assert_eq!(s.token("s3cret").map(|t| t.name.as_str()), Some("bot"));
+        assert!(s.token("s3cre").is_none());
+        assert!(s.token("").is_none());
+        let error = settings("[[tokens]]\nname = \"bot\"\nsha256 = \"s3cret\"").unwrap_err().to_string();
+        assert!(error.contains("tokens[0].sha256") && error.contains("never the token"), "{error}");
+        let twice = format!(
+            "[[tokens]]\nname = \"a\"\nsha256 = \"{hash}\"\n[[tokens]]\nname = \"a\"\nsha256 = \"{}\"",
+            token_sha256("x")
+        );
+        assert!(settings(&twice).unwrap_err().to_string().contains("tokens[1].name"));
+        // The hash does not even reach a Debug print.
+        assert!(!format!("{:?}", s.tokens).contains(&hash[..16]));
+    }
+
+    #[test]
+    fn files_are_read_once_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("sales.csv");
+        std::fs::write(&data, "a,b\n1,2\n").unwrap();
+        let s = settings(&format!("[[files]]\nhost = {:?}", data.display().to_string())).unwrap();
+        assert_eq!(s.files[0].path.to_string(), "/work/sales.csv");
+        assert_eq!(&*s.files[0].data, b"a,b\n1,2\n");
+        let error = settings(&format!("[[files]]\nhost = {:?}\nsandbox = \"/etc/passwd\"", data.display().to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("/etc/passwd"), "{error}");
+        let error = settings("[[files]]\nhost = \"/nonexistent/x.csv\"").unwrap_err().to_string();
+        assert!(error.contains("/nonexistent/x.csv"), "{error}");
+        assert_eq!(FileConfig::parse("a.csv:/work/b.csv").sandbox.as_deref(), Some("/work/b.csv"));
+    }
+}

@@ -1,0 +1,137 @@
+//! airlock served to agents: an MCP server (stdio and streamable HTTP) and an
+//! HTTP API, every run recorded in the audit store.
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! use airlock_server::{ServerConfig, serve_http, shutdown_signal, start};
+//! let config = ServerConfig::load(std::path::Path::new("airlock.toml"))?;
+//! let engine = start(&config)?;                  // checks the config, opens the audit store
+//! let listener = tokio::net::TcpListener::bind(&engine.settings().listen).await?;
+//! serve_http(engine, listener, shutdown_signal()).await?;   // until SIGTERM or SIGINT
+//! # Ok(()) }
+//! ```
+//!
+//! The server holds no sandbox logic: a request becomes a
+//! [`airlock::PolicySpec`], checked against the operator's ceiling with
+//! [`airlock::PolicySpec::check_within`] and applied over the operator's
+//! defaults, and an [`airlock::RunRequest`]; the facade runs it and records
+//! it ([`airlock::Sandbox::run_recorded`]). A run that could not be recorded
+//! is not returned: the answer is 500, or 507 when the disk is full.
+//!
+//! Runs go on blocking threads, at most `concurrency` at once, with at most
+//! `queue` waiting; past that a request gets 429 with `Retry-After`. On
+//! SIGTERM or SIGINT the server stops taking runs, lets running ones finish
+//! for the grace period, kills the rest, and returns once every sandbox is
+//! gone. Cgroups a crashed server left behind are removed when the next one
+//! starts (the Linux backend does it when it first probes the host).
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod engine;
+pub mod http;
+pub mod mcp;
+pub mod metrics;
+pub mod openapi;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use airlock::audit::AuditStore;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{ConfigError, FileConfig, ServerConfig, Settings, TokenConfig, token_sha256};
+pub use engine::{Engine, RunError, RunJob};
+pub use mcp::McpServer;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Airlock(#[from] airlock::Error),
+    #[error(transparent)]
+    Audit(#[from] airlock::audit::AuditError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Checks `config` against this host (cleaning up after a crashed server on
+/// the way), resolves the runtime (building the default image on first use),
+/// opens the audit store, and returns the engine both front doors share.
+pub fn start(config: &ServerConfig) -> Result<Arc<Engine>, StartError> {
+    let host = airlock::host_facts()?;
+    let runtime = config::resolve_runtime(config)?;
+    let settings = Settings::new(config, host, runtime, AuditStore::default_path()?)?;
+    let audit = Arc::new(AuditStore::open(&settings.audit_db)?);
+    Ok(Arc::new(Engine::new(settings, audit)))
+}
+
+/// Serves the HTTP API and MCP at `/mcp` on `listener` until `shutdown`
+/// completes; then drains as [`Engine::shutdown`] does, and returns once
+/// every sandbox is gone.
+pub async fn serve_http(
+    engine: Arc<Engine>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let stopping = CancellationToken::new();
+    let app = http::router(engine.clone(), mcp::http_service(engine.clone(), stopping.child_token()));
+    let drained = tokio::spawn({
+        let engine = engine.clone();
+        let stopping = stopping.clone();
+        async move {
+            stopping.cancelled().await;
+            engine.shutdown().await;
+        }
+    });
+    tokio::spawn({
+        let stopping = stopping.clone();
+        async move {
+            shutdown.await;
+            stopping.cancel();
+        }
+    });
+    let server = axum::serve(listener, app).with_graceful_shutdown(stopping.clone().cancelled_owned());
+    // Connections still open this long after the signal (a client that never
+    // reads its answer) are dropped; the runs behind them are not.
+    let patience = engine.settings().grace_period + std::time::Duration::from_secs(5);
+    let result = tokio::select! {
+        result = server => result,
+        () = async { stopping.cancelled().await; tokio::time::sleep(patience).await } => Ok(()),
+    };
+    stopping.cancel();
+    drained.await.map_err(|error| std::io::Error::other(format!("draining the runs failed: {error}")))?;
+    result
+}
+
+/// Serves MCP on standard input and output until the client closes it or
+/// `shutdown` completes; then drains like [`serve_http`].
+pub async fn serve_stdio(
+    engine: Arc<Engine>,
+    principal: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let result = tokio::select! {
+        result = mcp::serve_stdio(engine.clone(), principal) => result,
+        () = shutdown => Ok(()),
+    };
+    engine.shutdown().await;
+    result
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers the server is stopped by being killed;
+        // the next start cleans up after it.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,150 @@
+//! The server's counters, in the Prometheus text format (`GET /metrics`).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use airlock::Status;
+
+/// Upper bounds of the run-time histogram, in seconds.
+const BUCKETS: [f64; 12] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
+
+/// Why a run was refused before it started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Every slot and the queue were full (429).
+    Busy,
+    /// The server was shutting down (503).
+    ShuttingDown,
+}
+
+/// Counters shared by every request; all updates are lock-free.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    runs_by_status: [AtomicU64; Status::ALL.len()],
+    duration_buckets: [AtomicU64; BUCKETS.len()],
+    duration_count: AtomicU64,
+    duration_sum_ms: AtomicU64,
+    rejected_busy: AtomicU64,
+    rejected_shutting_down: AtomicU64,
+    audit_failures: AtomicU64,
+}
+
+/// The gauges read at scrape time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gauges {
+    pub queue_depth: usize,
+    pub sandboxes_active: usize,
+    pub slots: usize,
+    pub queue_capacity: usize,
+}
+
+impl Metrics {
+    /// Counts a finished run by status and wall time.
+    pub fn record_run(&self, status: Status, wall_ms: u64) {
+        if let Some(index) = Status::ALL.iter().position(|s| *s == status) {
+            self.runs_by_status[index].fetch_add(1, Ordering::Relaxed);
+        }
+        let seconds = wall_ms as f64 / 1000.0;
+        for (bound, bucket) in BUCKETS.iter().zip(&self.duration_buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.duration_count.fetch_add(1, Ordering::Relaxed);
+        self.duration_sum_ms.fetch_add(wall_ms, Ordering::Relaxed);
+    }
+
+    pub fn record_rejection(&self, why: Rejection) {
+        match why {
+            Rejection::Busy => &self.rejected_busy,
+            Rejection::ShuttingDown => &self.rejected_shutting_down,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_audit_failure(&self) {
+        self.audit_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs finished with `status` so far.
+    pub fn runs(&self, status: Status) -> u64 {
+        Status::ALL.iter().position(|s| *s == status).map_or(0, |i| self.runs_by_status[i].load(Ordering::Relaxed))
+    }
+
+    /// Everything, in the Prometheus text exposition format 0.0.4.
+    pub fn render(&self, gauges: Gauges) -> String {
+        let mut out = String::new();
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        head(&mut out, "airlock_runs_total", "counter", "Runs finished, by status.");
+        for (status, counter) in Status::ALL.iter().zip(&self.runs_by_status) {
+            let _ = writeln!(out, "airlock_runs_total{{status=\"{status}\"}} {}", load(counter));
+        }
+        head(&mut out, "airlock_run_duration_seconds", "histogram", "Wall time of finished runs.");
+        for (bound, bucket) in BUCKETS.iter().zip(&self.duration_buckets) {
+            let _ = writeln!(out, "airlock_run_duration_seconds_bucket{{le=\"{bound}\"}} {}", load(bucket));
+        }
+        let count = load(&self.duration_count);
+        let _ = writeln!(out, "airlock_run_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "airlock_run_duration_seconds_sum {}", load(&self.duration_sum_ms) as f64 / 1000.0);
+        let _ = writeln!(out, "airlock_run_duration_seconds_count {count}");
+        head(&mut out, "airlock_runs_rejected_total", "counter", "Runs refused before they started, by reason.");
+        let _ = writeln!(out, "airlock_runs_rejected_total{{reason=\"busy\"}} {}", load(&self.rejected_busy));
+        let _ = writeln!(
+            out,
+            "airlock_runs_rejected_total{{reason=\"shutting_down\"}} {}",
+            load(&self.rejected_shutting_down)
+        );
+        head(&mut out, "airlock_audit_failures_total", "counter", "Runs that could not be recorded.");
+        let _ = writeln!(out, "airlock_audit_failures_total {}", load(&self.audit_failures));
+        gauge(&mut out, "airlock_queue_depth", "Runs waiting for a slot.", gauges.queue_depth as u64);
+        gauge(&mut out, "airlock_queue_capacity", "Runs that may wait for a slot.", gauges.queue_capacity as u64);
+        gauge(&mut out, "airlock_sandboxes_active", "Sandboxes alive now.", gauges.sandboxes_active as u64);
+        gauge(&mut out, "airlock_run_slots", "Runs that may go on at once.", gauges.slots as u64);
+        if let Some(rss) = resident_memory_bytes() {
+            gauge(&mut out, "process_resident_memory_bytes", "Resident memory of the server.", rss);
+        }
+        out
+    }
+}
+
+fn head(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
+    head(out, name, "gauge", help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// This process's resident memory, from /proc/self/statm.
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * rustix::param::page_size() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_status_and_a_cumulative_histogram() {
+        let metrics = Metrics::default();
+        metrics.record_run(Status::Ok, 40);
+        metrics.record_run(Status::Timeout, 3_000);
+        metrics.record_rejection(Rejection::Busy);
+        let text = metrics.render(Gauges { queue_depth: 3, sandboxes_active: 2, slots: 2, queue_capacity: 8 });
+        for status in Status::ALL {
+            assert!(text.contains(&format!("airlock_runs_total{{status=\"{status}\"}}")), "{status}");
+        }
+        assert!(text.contains("airlock_runs_total{status=\"ok\"} 1\n"));
+        assert!(text.contains("airlock_run_duration_seconds_bucket{le=\"0.05\"} 1\n"));
+        assert!(text.contains("airlock_run_duration_seconds_bucket{le=\"5\"} 2\n"));
+        assert!(text.contains("airlock_run_duration_seconds_bucket{le=\"+Inf\"} 2\n"));
+        assert!(text.contains("airlock_run_duration_seconds_sum 3.04\n"));
+        assert!(text.contains("airlock_queue_depth 3\n"));
+        assert!(text.contains("airlock_sandboxes_active 2\n"));
+        assert!(text.contains("airlock_runs_rejected_total{reason=\"busy\"} 1\n"));
+        assert!(text.contains("process_resident_memory_bytes "));
+    }
+}
