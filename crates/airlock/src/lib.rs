@@ -32,7 +32,7 @@ mod sandbox;
 pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeMount, SandboxError};
 pub use airlock_policy::*;
 pub use artifacts::save_to_host;
-pub use sandbox::{Output, RunRequest, Sandbox, SandboxOptions, backend_for, host_facts};
+pub use sandbox::{Output, RunFailure, RunRequest, Sandbox, SandboxOptions, backend_for, host_facts};
 
 /// Everything that can go wrong outside a run itself (a run that fails is a
 /// [`RunRecord`] with its status, not an error).

@@ -92,6 +92,14 @@ impl RunRequest {
     }
 }
 
+/// A run the sandbox itself could not carry out: why, and its record
+/// (status `sandbox_error`, the error as its message).
+#[derive(Debug)]
+pub struct RunFailure {
+    pub error: airlock_core::SandboxError,
+    pub record: RunRecord,
+}
+
 /// A sandbox: a work directory that lives as long as this value, and the
 /// runs made in it, each in a fresh process tree. Dropping it destroys
 /// everything it made.
@@ -196,6 +204,13 @@ impl Sandbox {
     /// Runs a request and returns its record. Never fails: a sandbox that
     /// could not run the code gives a record with status `sandbox_error`.
     pub fn run_request(&mut self, request: &RunRequest) -> RunRecord {
+        self.try_run_request(request).unwrap_or_else(|failure| failure.record)
+    }
+
+    /// Runs a request; a sandbox that could not run the code is an `Err`
+    /// with the typed error beside the `sandbox_error` record, for front
+    /// doors that report the two differently (the Python package raises).
+    pub fn try_run_request(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunFailure>> {
         let job = Job {
             code: request.code.clone(),
             language: request.language,
@@ -216,12 +231,13 @@ impl Sandbox {
             Ok(execution) => record::assemble(&ctx, execution),
             Err(error) => {
                 let isolation = Isolation { backend: self.policy.backend.to_string(), ..Isolation::default() };
-                return record::sandbox_error(&ctx, &error, isolation);
+                let record = record::sandbox_error(&ctx, &error, isolation);
+                return Err(Box::new(RunFailure { error, record }));
             }
         };
         let (artifacts, over_cap) = self.collect(&request.outputs);
         record::add_artifacts(&mut rec, artifacts, over_cap);
-        rec
+        Ok(rec)
     }
 
     /// Reads the requested outputs after a run, each capped, together capped.
