@@ -14,9 +14,11 @@ mod helper;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
 
 use airlock::image::{BuildEvent, ImageStore};
-use airlock::{Backend, KillSwitch, Language, Policy, PolicySpec, RunRecord, RunRequest, SandboxPath};
+use airlock::{Backend, KillSwitch, Language, Policy, PolicySpec, RunFailure, RunRecord, RunRequest, SandboxPath};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
@@ -38,6 +40,13 @@ struct NativeSandbox {
     /// later run could get anywhere.
     stopped: AtomicBool,
 }
+
+/// How a run ended, for [`NativeSandbox::run`]: its result, or the failure
+/// and, when the run was attempted, its `sandbox_error` result.
+type Outcome = Result<NativeResult, (Failure, Option<NativeResult>)>;
+
+/// How often a thread waiting for a run lets Python look at signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
 
 #[pymethods]
 impl NativeSandbox {
@@ -74,7 +83,7 @@ impl NativeSandbox {
 
     /// Runs `code` and returns `(record JSON, ok, stopping limit)`. Raises
     /// when the sandbox itself failed, with the same triple as the
-    /// exception's `_result`.
+    /// exception's `_result`, and on Ctrl-C, after killing the run.
     #[pyo3(signature = (code, lang, cwd=None, stdin=None))]
     fn run(
         &self,
@@ -85,30 +94,13 @@ impl NativeSandbox {
         stdin: Option<PyBackedBytes>,
     ) -> PyResult<NativeResult> {
         let request = run_request(code, lang, cwd, stdin.as_deref()).map_err(|f| f.into_py(py))?;
-        let outcome = py.detach(|| {
-            if self.stopped.load(Ordering::SeqCst) {
-                return Err((
-                    Failure::new(Kind::Sandbox, "this sandbox was stopped while a run was in progress; make a new one"),
-                    None,
-                ));
+        self.run_interruptibly(py, &request)?.or_else(|(failure, result)| {
+            let error = failure.into_py(py);
+            if let Some(result) = result {
+                error.value(py).setattr("_result", result)?;
             }
-            self.with_sandbox(|sandbox| Ok(sandbox.try_run_request(&request))).map_err(|f| (f, None))?.map_err(
-                |failure| {
-                    let failure = *failure;
-                    (Failure::from(failure.error), Some(native_result(&failure.record)))
-                },
-            )
-        });
-        match outcome {
-            Ok(record) => Ok(native_result(&record)),
-            Err((failure, result)) => {
-                let error = failure.into_py(py);
-                if let Some(result) = result {
-                    error.value(py).setattr("_result", result)?;
-                }
-                Err(error)
-            }
-        }
+            Err(error)
+        })
     }
 
     /// Stops the run in progress, from any thread. The sandbox refuses
@@ -134,6 +126,58 @@ impl NativeSandbox {
 }
 
 impl NativeSandbox {
+    /// Runs `request` on a thread of its own while this one waits with the
+    /// GIL released, taking it back every [`SIGNAL_POLL`] so that Python can
+    /// handle signals: Ctrl-C kills the run and raises KeyboardInterrupt
+    /// instead of waiting out the run's time limit.
+    fn run_interruptibly(&self, py: Python<'_>, request: &RunRequest) -> PyResult<Outcome> {
+        std::thread::scope(|scope| {
+            let (done, mut finished) = mpsc::channel();
+            scope.spawn(move || {
+                // The waiting side receives until it has the outcome, so this is always taken.
+                let _ = done.send(self.run_blocking(request));
+            });
+            loop {
+                // The receiver moves in and out: it may not be shared across threads.
+                let (receiver, received) = py.detach(move || {
+                    let received = finished.recv_timeout(SIGNAL_POLL);
+                    (finished, received)
+                });
+                finished = receiver;
+                match received {
+                    Ok(outcome) => return Ok(outcome),
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Err(interrupted) = py.check_signals() {
+                            self.kill();
+                            // The killed run ends within the backend's polling interval.
+                            let _ = py.detach(move || finished.recv());
+                            return Err(interrupted);
+                        }
+                    }
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Ok(Err((Failure::new(Kind::Sandbox, "the run ended without a result"), None)));
+                    }
+                }
+            }
+        })
+    }
+
+    /// One run, start to end; call it with the GIL released.
+    fn run_blocking(&self, request: &RunRequest) -> Outcome {
+        if self.stopped.load(Ordering::SeqCst) {
+            let message = "this sandbox was stopped while a run was in progress; make a new one";
+            return Err((Failure::new(Kind::Sandbox, message), None));
+        }
+        match self.with_sandbox(|sandbox| Ok(sandbox.try_run_request(request))) {
+            Err(failure) => Err((failure, None)),
+            Ok(Ok(record)) => Ok(native_result(&record)),
+            Ok(Err(failure)) => {
+                let RunFailure { error, record } = *failure;
+                Err((Failure::from(error), Some(native_result(&record))))
+            }
+        }
+    }
+
     /// Calls `f` with the open sandbox; call it with the GIL released.
     fn with_sandbox<T>(&self, f: impl FnOnce(&mut airlock::Sandbox) -> Result<T, Failure>) -> Result<T, Failure> {
         let mut guard = self.sandbox.lock().map_err(|_| {

@@ -1,6 +1,8 @@
 """Sandboxes on several threads, and under asyncio, run at the same time."""
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -114,3 +116,15 @@ def test_cancelling_run_async_stops_the_run():
             sb.run("1")
         sb.close()
         assert time.monotonic() - start < 30
+
+
+def test_ctrl_c_stops_a_run_instead_of_waiting_it_out():
+    with Sandbox(timeout_s=120) as sb:
+        interrupt = threading.Timer(1, os.kill, (os.getpid(), signal.SIGINT))
+        interrupt.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            sb.run("import time\ntime.sleep(60)")
+        assert time.monotonic() - start < 30
+        with pytest.raises(SandboxError, match="stopped while a run was in progress"):
+            sb.run("1")
