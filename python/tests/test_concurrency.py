@@ -56,7 +56,7 @@ def test_the_gil_is_free_while_a_run_waits(sandbox):
         time.sleep(0.01)
     worker.join()
     # Holding the GIL for the run would leave this thread at a tick or two.
-    assert ticks > 50
+    assert ticks > 20
 
 
 def test_one_sandbox_shared_by_threads_takes_turns(sandbox):
@@ -99,7 +99,7 @@ def test_asyncio_runs_sandboxes_at_once():
     done, ticks = asyncio.run(main())
     assert [out.value for out, _ in done] == ["'done'"] * 3
     assert overlapping([span for _, span in done])
-    assert ticks > 50, "the event loop stalled while the runs went on"
+    assert ticks > 20, "the event loop stalled while the runs went on"
 
 
 def test_cancelling_run_async_stops_the_run():
