@@ -102,7 +102,7 @@ class Sandbox:
             "max_file_bytes": max_file_bytes,
             "max_files_total_bytes": max_files_total_bytes,
             "open_files": open_files,
-            "env": dict(env) if env is not None else None,
+            "env": _mapping("env", env),
             "max_network_bytes_out": max_network_bytes_out,
             "max_network_bytes_in": max_network_bytes_in,
             "max_connections": max_connections,
@@ -246,6 +246,14 @@ def _strings(name: str, values: Optional[Iterable[str]]) -> Optional[list[str]]:
         if not isinstance(item, str):
             raise PolicyError(f"{name} takes a list of strings; {item!r} is not one")
     return items
+
+
+def _mapping(name: str, values: Optional[Mapping[str, str]]) -> Optional[dict[str, str]]:
+    if values is None:
+        return None
+    if not isinstance(values, Mapping):
+        raise PolicyError(f"{name} takes a dict of strings, such as {{'LANG': 'C.UTF-8'}} (got {values!r})")
+    return dict(values)
 
 
 def _to_json(spec: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ def test_the_hierarchy():
         ({"on_output_limit": "explode"}, ["on_output_limit", "truncate", "kill"]),
         ({"env": {"1BAD": "x"}}, ['env key "1BAD"']),
         ({"env": {"A": 1}}, ["env", "expected a string"]),
+        ({"env": "A=1"}, ["env takes a dict of strings"]),
         ({"env": {"A": "x\0y"}}, ["NUL"]),
         ({"network": True}, ["network=True", "network=['api.example.com']"]),
         ({"network": "api.example.com"}, ["network=['api.example.com']"]),
