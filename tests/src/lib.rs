@@ -2,9 +2,6 @@
 //! sandboxes, the real helper and command, and checks that nothing was left
 //! behind on the host.
 
-// A test harness: a failure to set up is a failed test, said plainly.
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -139,14 +136,18 @@ pub fn airlock_command() -> Command {
 /// Everything this test process made that could outlive a run: cgroups
 /// named for this process, and processes whose command line holds `marker`.
 pub fn leftovers(marker: &str) -> Vec<String> {
+    leftovers_with_prefix(marker, &format!("airlock-{}-", std::process::id()))
+}
+
+/// Like [`leftovers`], for cgroups named with `prefix` (another process's).
+pub fn leftovers_with_prefix(marker: &str, prefix: &str) -> Vec<String> {
     let mut found = Vec::new();
-    let prefix = format!("airlock-{}-", std::process::id());
     for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("");
         if fstype == "cgroup" || fstype == "cgroup2" {
             let Some(mount) = fields.get(4) else { continue };
-            walk_cgroups(Path::new(mount), &prefix, &mut found);
+            walk_cgroups(Path::new(mount), prefix, &mut found);
         }
         if line.contains("airlock") && fstype != "cgroup" && fstype != "cgroup2" {
             found.push(format!("mount: {line}"));

@@ -223,3 +223,101 @@ fn the_image_is_read_only_from_inside() {
     );
     assert_eq!(record["stdout"].as_str().unwrap().trim(), "OSError");
 }
+
+#[test]
+fn a_terminal_on_airlock_s_stdin_never_reaches_the_code() {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let _ = data_image();
+    let master = rustix::pty::openpt(rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY).unwrap();
+    rustix::pty::grantpt(&master).unwrap();
+    rustix::pty::unlockpt(&master).unwrap();
+    let name = rustix::pty::ptsname(&master, Vec::new()).unwrap();
+    let slave = std::fs::OpenOptions::new().read(true).write(true).open(name.to_str().unwrap()).unwrap();
+    let code = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = [os.isatty(0)]
+for fd in (0, 1, 2):
+    ctypes.set_errno(0)
+    r = libc.ioctl(fd, 0x5412, ctypes.c_char_p(b"X"))
+    out.append(errno.errorcode.get(ctypes.get_errno(), "OK"))
+try:
+    os.open("/dev/tty", os.O_RDWR)
+    out.append("tty")
+except OSError as e:
+    out.append(errno.errorcode[e.errno])
+print(out)
+"#;
+    let output = airlock_command()
+        .args(["run", "--json", "-c", code])
+        .stdin(std::process::Stdio::from(slave.as_fd().try_clone_to_owned().unwrap()))
+        .output()
+        .unwrap();
+    let record: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(record["stdout"].as_str().unwrap().trim(), "[False, 'EPERM', 'EPERM', 'EPERM', 'ENOENT']", "{record}");
+    // Nothing was typed into the terminal.
+    rustix::fs::fcntl_setfl(&master, rustix::fs::OFlags::NONBLOCK).unwrap();
+    let mut typed = Vec::new();
+    let _ = std::fs::File::from(master).read_to_end(&mut typed);
+    assert!(!typed.contains(&b'X'), "{typed:?}");
+}
+
+#[test]
+fn images_build_from_requirements_reuse_and_refuse_when_broken() {
+    let home = tempfile::tempdir().unwrap();
+    let requirements = home.path().join("requirements.txt");
+    std::fs::write(&requirements, "six==1.16.0\n").unwrap();
+    let image =
+        |args: &[&str]| airlock_command().env("AIRLOCK_HOME", home.path()).arg("image").args(args).output().unwrap();
+    let built = image(&["build", "tiny", "--requirements", requirements.to_str().unwrap()]);
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let progress = String::from_utf8_lossy(&built.stderr);
+    assert!(progress.contains("[3/5]") && progress.contains("(1/1) six==1.16.0"), "progress shown: {progress}");
+    let hash = String::from_utf8_lossy(&built.stdout).split_whitespace().nth(1).unwrap().to_owned();
+    // Same inputs, same image: the rebuild reuses it.
+    let again = image(&["build", "tiny", "--requirements", requirements.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already built"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(String::from_utf8_lossy(&again.stdout).contains(&hash));
+    let show = String::from_utf8_lossy(&image(&["show", "tiny"]).stdout).into_owned();
+    assert!(show.contains("six 1.16.0") && show.contains("python:"), "{show}");
+    let list = String::from_utf8_lossy(&image(&["list"]).stdout).into_owned();
+    assert!(list.contains("tiny") && list.contains(&hash), "{list}");
+    // It runs, with its package and without others.
+    let run = airlock_command()
+        .env("AIRLOCK_HOME", home.path())
+        .args(["run", "--json", "--image", "tiny", "-c", "import six; print(six.__version__)"])
+        .output()
+        .unwrap();
+    let record: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(record["stdout"], "1.16.0\n", "{record}");
+    assert_eq!(record["image"]["hash"], hash.as_str());
+    // A failed build leaves nothing half-made.
+    std::fs::write(&requirements, "this-package-does-not-exist-airlock==0.0.1\n").unwrap();
+    let failed = image(&["build", "broken", "--requirements", requirements.to_str().unwrap()]);
+    assert!(!failed.status.success());
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("pip failed"));
+    let leftovers: Vec<_> = std::fs::read_dir(home.path().join("images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".build") || n.starts_with(".trash"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // A corrupted image is refused with a clear error, never used.
+    std::fs::remove_file(home.path().join("images").join(&hash).join("manifest.json")).unwrap();
+    let run = airlock_command()
+        .env("AIRLOCK_HOME", home.path())
+        .args(["run", "--image", "tiny", "-c", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("incomplete") && err.contains("airlock image build tiny"), "{err}");
+    assert!(image(&["rm", "tiny"]).status.success());
+    assert!(!home.path().join("images").join(&hash).exists());
+}

@@ -32,7 +32,7 @@ fn copy_in_never_follows_a_planted_link_or_blocks_on_a_fifo() {
     let victim = host.path().join("victim");
     std::fs::write(&victim, "untouched").unwrap();
     let mut sb = sandbox(Policy::default());
-    let record = sb.run_request(&RunRequest::shell(&format!(
+    let record = sb.run_request(&RunRequest::shell(format!(
         "ln -s {} /work/link; mkdir /work/d; ln -s /etc /work/dirlink; mkfifo /work/fifo",
         victim.display()
     )));
@@ -94,7 +94,7 @@ fn copy_out_refuses_links_fifos_directories_and_oversized_files() {
             .iter()
             .map(|p| out(p, None))
             .collect(),
-        ..RunRequest::shell(&format!(
+        ..RunRequest::shell(format!(
             "ln -s {s} /work/link; mkfifo /work/fifo; mkdir /work/dir; head -c 1001 /dev/zero > /work/big; \
              head -c 1000 /dev/zero > /work/exact; ln -s / /work/sub",
             s = secret.display()
@@ -131,7 +131,7 @@ fn a_file_swapped_for_a_link_while_the_run_ends_never_leaks() {
         let mut sb = sandbox(Policy::default());
         let record = sb.run_request(&RunRequest {
             outputs: vec![out("/work/out.txt", None)],
-            ..RunRequest::shell(&format!(
+            ..RunRequest::shell(format!(
                 "echo data > /work/real; (while :; do ln -sf {} /work/out.txt; cp /work/real /work/out.txt.tmp; \
                  mv -f /work/out.txt.tmp /work/out.txt; done) & sleep 0.05",
                 secret.display()

@@ -155,3 +155,74 @@ fn runs_in_one_sandbox_share_its_work_directory_and_nothing_else() {
     let record = sandbox(Policy::default()).run_request(&RunRequest::shell("ls -A /work /tmp | tr -s '\\n' ' '"));
     assert_eq!(record.stdout.trim(), "/tmp: /work:", "{record:?}");
 }
+
+#[test]
+fn many_threads_run_sandboxes_at_once() {
+    // The library is called from multi-threaded programs (servers, Python):
+    // nothing may be set up in a fork of the caller.
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let record = python(Policy::default(), &format!("import os\nprint({i}, os.getpid())"));
+                assert_eq!(record.status, Status::Ok, "{record:?}");
+                record.stdout
+            })
+        })
+        .collect();
+    let outputs: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (i, out) in outputs.iter().enumerate() {
+        // Each run is PID 2 of its own namespace.
+        assert_eq!(out.trim(), format!("{i} 2"));
+    }
+}
+
+#[test]
+fn output_that_is_not_utf8_is_kept_exactly() {
+    let record = python(Policy::default(), "import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe end')");
+    assert_eq!(record.stdout, "ok \u{fffd}\u{fffd} end");
+    assert_eq!(record.stdout_base64.as_deref(), Some("b2sg//4gZW5k"));
+}
+
+#[test]
+fn a_supervisor_killed_mid_run_takes_its_sandbox_with_it() {
+    let _alone = exclusive();
+    let marker = marker("orphan");
+    let mut child = airlock_tests::airlock_command()
+        // The marker is assembled inside, so that only the sandboxed process carries it.
+        .args([
+            "run",
+            "--python",
+            "python3",
+            "-c",
+            &format!(
+                "import os\nos.execv('/bin/sleep', ['airlock-test-' + '{}', '1000'])",
+                marker.trim_start_matches("airlock-test-")
+            ),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the code runs.
+    let started = std::time::Instant::now();
+    while airlock_tests::leftovers(&marker).is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(20), "the code never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The helper and the sandbox die with the supervisor.
+    let gone = std::time::Instant::now();
+    while !airlock_tests::leftovers(&marker).iter().all(|l| !l.starts_with("process")) {
+        assert!(gone.elapsed() < Duration::from_secs(5), "the sandbox outlived its supervisor");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The dead supervisor's cgroup stays until the next start removes it.
+    let pid = child.id();
+    assert!(!airlock_tests::leftovers_with_prefix("", &format!("airlock-{pid}-")).is_empty());
+    let next =
+        airlock_tests::airlock_command().args(["run", "--python", "python3", "-c", "print(1)"]).output().unwrap();
+    assert!(next.status.success());
+    let stale = airlock_tests::leftovers_with_prefix("", &format!("airlock-{pid}-"));
+    assert!(stale.is_empty(), "{stale:?}");
+}

@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a script, code given with -c, or code on standard input (-).
-    Run(run_cmd::RunArgs),
+    Run(Box<run_cmd::RunArgs>),
     /// Build, list, show and remove runtime images.
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run(args) => run_cmd::run(args),
+        Command::Run(args) => run_cmd::run(*args),
         Command::Image(command) => image_cmd::run(command).map(|()| ExitCode::SUCCESS),
     };
     match result {

@@ -70,6 +70,19 @@ pub struct RunArgs {
     /// Run this host interpreter as it is, instead of an image.
     #[arg(long, value_name = "INTERPRETER")]
     python: Option<String>,
+    /// Allow the code to reach this host through airlock's proxy: HOST[:PORT],
+    /// `*.DOMAIN[:PORT]` for subdomains, or an IP literal; without a port, 443 and 80. Repeatable.
+    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
+    allow_hosts: Vec<String>,
+    /// Bytes the code may receive through the proxy [default: 268435456].
+    #[arg(long, value_name = "BYTES")]
+    max_network_bytes_in: Option<u64>,
+    /// Bytes the code may send through the proxy [default: 16777216].
+    #[arg(long, value_name = "BYTES")]
+    max_network_bytes_out: Option<u64>,
+    /// Connections the code may open through the proxy [default: 64].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<u32>,
     /// Accept running without a layer this host lacks (cgroups, landlock). Repeatable.
     #[arg(long = "allow-degraded", value_name = "LAYER")]
     allow_degraded: Vec<String>,
@@ -202,6 +215,10 @@ fn policy_from_args(args: &RunArgs) -> anyhow::Result<Policy> {
         open_files: args.open_files,
         env: Some(env),
         allow_degraded: Some(args.allow_degraded.clone()),
+        allow_hosts: Some(args.allow_hosts.clone()),
+        max_network_bytes_in: args.max_network_bytes_in,
+        max_network_bytes_out: args.max_network_bytes_out,
+        max_connections: args.max_connections,
         ..PolicySpec::default()
     };
     Ok(Policy::from_spec(&spec, &airlock::host_facts()?)?)

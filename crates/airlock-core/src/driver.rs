@@ -48,7 +48,7 @@ impl Default for ReportCaps {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramFile {
     pub name: &'static str,
-    pub content: Vec<u8>,
+    pub content: String,
 }
 
 /// What to execute inside the sandbox for a job.
@@ -79,14 +79,14 @@ pub fn program(job: &Job, runtime: &Runtime, caps: &ReportCaps) -> Program {
                 caps.figure_bytes.to_string(),
             ],
             files: vec![
-                ProgramFile { name: "driver.py", content: DRIVER_SOURCE.as_bytes().to_vec() },
-                ProgramFile { name: "main.py", content: job.code.as_bytes().to_vec() },
+                ProgramFile { name: "driver.py", content: DRIVER_SOURCE.to_owned() },
+                ProgramFile { name: "main.py", content: job.code.clone() },
             ],
             reports: true,
         },
         Language::Sh => Program {
             argv: vec!["/bin/sh".to_owned(), format!("{PROGRAM_DIR}/main.sh")],
-            files: vec![ProgramFile { name: "main.sh", content: job.code.as_bytes().to_vec() }],
+            files: vec![ProgramFile { name: "main.sh", content: job.code.clone() }],
             reports: false,
         },
     }

@@ -12,9 +12,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use airlock_policy::Layer;
 
-use crate::protocol::{self, Failure, Reply, Request, RunPlan, SetupPlan};
+use crate::protocol::{self, CgroupEntry, Failure, Reply, Request, RunPlan, SetupPlan};
 use crate::sys::{self, Forked};
-use crate::{caps, landlock, limits, mounts, network, process, userns};
+use crate::{caps, cgroup, landlock, limits, mounts, network, process, userns};
 
 /// The namespaces each run gets, on top of the sandbox's user and mount
 /// namespaces (the mount namespace is copied, so mounts stay per run).
@@ -80,14 +80,30 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
 /// Runs one job: joins the sandbox, makes the run's own namespaces, and
 /// stays as the parent of the sandbox's init until it ends.
 fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), Failure> {
-    let [user_ns, mount_ns, stdin, stdout, stderr]: [OwnedFd; 5] =
-        fds.try_into().map_err(|_| Failure::plain("read the request", "expected five descriptors"))?;
+    if fds.len() < 5 {
+        return Err(Failure::plain("read the request", "expected at least five descriptors"));
+    }
+    let mut fds = fds.into_iter();
+    let mut next = || fds.next().ok_or_else(|| Failure::plain("read the request", "a descriptor is missing"));
+    let (user_ns, mount_ns, stdin, stdout, stderr) = (next()?, next()?, next()?, next()?, next()?);
+    let cgroup_fds: Vec<OwnedFd> = fds.collect();
     process::die_with_parent(Some(plan.supervisor_pid))?;
+    // Into the run's cgroup before anything of the run exists.
+    let into_cgroup = match plan.cgroup {
+        CgroupEntry::None => None,
+        CgroupEntry::EnterTasks => {
+            cgroup::enter_self(&cgroup_fds)?;
+            None
+        }
+        CgroupEntry::CloneInto => {
+            Some(cgroup_fds.first().ok_or_else(|| Failure::plain("enter the cgroup", "no cgroup directory"))?)
+        }
+    };
     userns::drop_supplementary_groups()?;
     userns::join(&user_ns, &mount_ns)?;
     drop((user_ns, mount_ns));
     // SAFETY: the helper is single-threaded (a fresh exec that starts no threads).
-    match unsafe { sys::clone_with_namespaces(RUN_NAMESPACES) }
+    match unsafe { sys::clone_with_namespaces(RUN_NAMESPACES, into_cgroup.map(AsFd::as_fd)) }
         .map_err(|e| Failure::new("create the run's namespaces", "clone3", &e))?
     {
         Forked::Child => {

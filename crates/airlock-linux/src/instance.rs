@@ -12,14 +12,10 @@ use airlock_core::{ArtifactError, Execution, Instance, Job, KillSwitch, Runtime,
 use airlock_policy::{Isolation, Layer, Limit, Policy, SandboxPath, Status, Usage};
 
 use crate::cgroup::{CgroupLimits, Hierarchy, RunCgroup};
-use crate::protocol::{LandlockPlan, RunPlan};
+use crate::protocol::{CgroupEntry, LandlockPlan, RunPlan};
 use crate::seccomp::Instruction;
 use crate::supervise::{self, KillReason, Observed, SandboxFds, Watch};
 use crate::{copy, limits};
-
-/// Processes of airlock's own in each run's cgroup: the helper and the
-/// sandbox's init. The pids limit is the code's, on top of these.
-const OWN_PROCESSES: u32 = 2;
 
 /// A sandbox made by [`crate::LinuxBackend`].
 pub struct LinuxInstance {
@@ -71,15 +67,16 @@ impl Instance for LinuxInstance {
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
         let program = driver::program(job, &self.runtime, &caps);
-        let env: Vec<String> =
-            self.runtime.environment(&self.policy.env).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
-        if self.policy.network.is_enabled() {
-            return Err(SandboxError::Unsupported {
-                backend: "linux",
-                what: "allow network hosts".to_owned(),
-                reason: "the network proxy is not part of this build".to_owned(),
-            });
+        let network = self.policy.network.is_enabled();
+        let mut env = self.runtime.environment(&self.policy.env);
+        if network {
+            // The proxy is the only way out; clients find it here. Set only
+            // when hosts are allowed, so code without network sees none.
+            for (key, value) in airlock_net::proxy_environment(std::net::SocketAddr::V4(crate::PROXY_ADDR)) {
+                env.insert(key.to_owned(), value);
+            }
         }
+        let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
         let landlock_required = !self.degraded.contains(&Layer::Landlock);
         let mut writable_files: Vec<String> = ["/dev/null", "/dev/zero", "/dev/full"].map(String::from).to_vec();
         if program.reports {
@@ -87,10 +84,15 @@ impl Instance for LinuxInstance {
         }
         let plan = RunPlan {
             supervisor_pid: std::process::id() as i32,
+            cgroup: match &self.cgroups {
+                None => CgroupEntry::None,
+                Some(Hierarchy::V1 { .. }) => CgroupEntry::EnterTasks,
+                Some(Hierarchy::V2 { .. }) => CgroupEntry::CloneInto,
+            },
             hostname: "airlock".to_owned(),
             program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_fifo: program.reports,
-            proxy_listener: false,
+            proxy_listener: network,
             argv: program.argv,
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
@@ -108,7 +110,8 @@ impl Instance for LinuxInstance {
             Some(h) => Some(
                 h.create(&CgroupLimits {
                     memory_bytes: limits.memory_bytes,
-                    pids: limits.pids + OWN_PROCESSES,
+                    // The pids limit is the code's, on top of airlock's own processes.
+                    pids: limits.pids + h.own_processes(),
                     cpus: limits.cpus,
                 })
                 .map_err(|e| SandboxError::Setup {
@@ -127,23 +130,42 @@ impl Instance for LinuxInstance {
             stdin: &job.stdin,
             kill,
         };
-        let mut no_proxy = |_listener: OwnedFd| {};
+        // The proxy starts on the listener the sandbox made inside its own
+        // namespace, before any code runs; it serves until the run is over.
+        let mut proxy: Option<Result<airlock_net::ProxyHandle, airlock_net::NetError>> = None;
+        let mut start_proxy = |listener: OwnedFd| {
+            let config = airlock_net::ProxyConfig::from_policy(&self.policy.network);
+            proxy = Some(airlock_net::Proxy::start(std::net::TcpListener::from(listener), config));
+        };
         let observed = supervise::run(
             &self.helper,
             plan,
             SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd() },
             cgroup.as_deref(),
             &watch,
-            &mut no_proxy,
+            &mut start_proxy,
         )
         .map_err(|e| SandboxError::io("running the sandbox", e))?;
+        let proxy = match proxy {
+            Some(Ok(handle)) => Some(handle.finish()),
+            Some(Err(e)) => {
+                return Err(SandboxError::Setup { step: "start the network proxy".to_owned(), detail: e.to_string() });
+            }
+            None if network && observed.failure.is_none() => {
+                return Err(SandboxError::Setup {
+                    step: "start the network proxy".to_owned(),
+                    detail: "the sandbox did not hand over its proxy socket".to_owned(),
+                });
+            }
+            None => None,
+        };
 
         let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
         let cgroup_version = cgroup.as_ref().map(|c| c.version());
         if let Some(mut c) = cgroup.take() {
             c.remove().map_err(|e| SandboxError::io("removing the run's cgroup", e))?;
         }
-        self.execution(job, observed, stats, cgroup_version, &caps)
+        self.execution(job, observed, stats, cgroup_version, &caps, proxy)
     }
 }
 
@@ -155,12 +177,24 @@ impl LinuxInstance {
         stats: crate::cgroup::CgroupStats,
         cgroup_version: Option<&'static str>,
         caps: &ReportCaps,
+        proxy: Option<airlock_net::ProxyOutcome>,
     ) -> Result<Execution, SandboxError> {
         if let Some(failure) = observed.failure {
             return Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() });
         }
         let limits = &self.policy.limits;
         let mut hit: BTreeSet<Limit> = observed.limits_hit.iter().copied().collect();
+        let mut notes = Vec::new();
+        let network = proxy.map(|outcome| {
+            hit.extend(outcome.limits_hit.iter().copied());
+            if outcome.unlisted_refusals > 0 {
+                notes.push(format!(
+                    "{} more connections were refused past the connection cap and are counted, not listed",
+                    outcome.unlisted_refusals
+                ));
+            }
+            outcome.record
+        });
         let cpu_used = stats.cpu_usage.or(observed.rusage_cpu);
         if stats.oom_kills > 0 {
             hit.insert(Limit::Memory);
@@ -255,7 +289,10 @@ impl LinuxInstance {
         Ok(Execution {
             status,
             limits_hit: hit,
-            message: (!message.is_empty()).then_some(message),
+            message: {
+                let all: Vec<String> = std::iter::once(message).chain(notes).filter(|m| !m.is_empty()).collect();
+                (!all.is_empty()).then(|| all.join("; "))
+            },
             exit_code: observed.exit_code,
             signal: observed.signal,
             stdout: observed.stdout,
@@ -267,7 +304,7 @@ impl LinuxInstance {
             },
             isolation: Isolation { backend: "linux".to_owned(), layers, degraded: self.degraded.clone(), details },
             report,
-            network: None,
+            network,
         })
     }
 }

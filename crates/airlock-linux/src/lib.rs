@@ -55,6 +55,10 @@ pub use network::PROXY_ADDR;
 
 use crate::protocol::{Reply, Request, SetupPlan};
 
+/// The default seccomp policy as compiled by build.rs (see
+/// [`seccomp::default_program`]).
+const DEFAULT_SECCOMP_BPF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/default-seccomp.bpf"));
+
 /// The environment variable naming the helper binary, for installs where it
 /// is not beside the running program.
 pub const HELPER_ENV: &str = "AIRLOCK_INIT";
@@ -72,7 +76,7 @@ pub struct LinuxBackend {
 struct HostState {
     cgroups: Result<Hierarchy, String>,
     probe: Probe,
-    seccomp: Result<Arc<Vec<seccomp::Instruction>>, String>,
+    seccomp: Arc<Vec<seccomp::Instruction>>,
 }
 
 impl LinuxBackend {
@@ -95,10 +99,7 @@ impl LinuxBackend {
                 h.remove_stale();
             }
             let probe = probe::probe(&cgroups);
-            let seccomp = seccomp::Policy::default_policy()
-                .and_then(|p| seccomp::compile(&p))
-                .map(Arc::new)
-                .map_err(|e| e.to_string());
+            let seccomp = Arc::new(seccomp::default_program());
             HostState { cgroups, probe, seccomp }
         })
     }
@@ -135,10 +136,7 @@ impl Backend for LinuxBackend {
         let state = self.state();
         policy.check(&state.probe.host)?;
         let degraded = state.probe.check(policy)?;
-        let seccomp = state
-            .seccomp
-            .clone()
-            .map_err(|e| SandboxError::Setup { step: "compile the seccomp filter".to_owned(), detail: e })?;
+        let seccomp = state.seccomp.clone();
         let helper = self.helper_path()?;
         let (layout, binds) = mounts::layout_for(runtime)
             .map_err(|e| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail: e.to_string() })?;

@@ -285,7 +285,7 @@ const READ_ONLY: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MO
 /// Child side, for each run: a fresh /proc for the run's PID namespace with
 /// the host's kernel internals masked, and the program at /.airlock. Returns
 /// the report FIFO, opened for the supervisor, when asked for.
-pub fn build_run_root(program_files: &[(String, Vec<u8>)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
+pub fn build_run_root(program_files: &[(String, String)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     let proc_dir = stage_path("/proc");
@@ -317,7 +317,7 @@ pub fn build_run_root(program_files: &[(String, Vec<u8>)], report_fifo: bool) ->
 /// Mounts a small tmpfs at /.airlock holding the program, then makes it
 /// read-only. Kept apart from the stage so a full /work cannot stop the next
 /// run from starting.
-fn write_program(files: &[(String, Vec<u8>)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
+fn write_program(files: &[(String, String)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
     let step = "write the program";
     let dir = stage_path(PROGRAM_DIR);
     let bytes: usize = files.iter().map(|(_, c)| c.len().div_ceil(4096) * 4096).sum::<usize>() + 64 * 1024;

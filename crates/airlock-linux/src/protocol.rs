@@ -31,7 +31,8 @@ pub enum Request {
     /// Replies [`Reply::SetupDone`] with [user ns, mount ns, stage root, /work, /tmp].
     Setup(SetupPlan),
     /// Run code in the sandbox whose namespaces come attached:
-    /// [user ns, mount ns, stdin, stdout, stderr].
+    /// [user ns, mount ns, stdin, stdout, stderr], then the cgroup's
+    /// descriptors (see [`CgroupEntry`]).
     Run(Box<RunPlan>),
 }
 
@@ -83,8 +84,11 @@ pub struct LandlockPlan {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RunPlan {
     pub supervisor_pid: i32,
+    /// How the run enters its cgroup.
+    pub cgroup: CgroupEntry,
     pub hostname: String,
-    pub program_files: Vec<(String, Vec<u8>)>,
+    /// Name and text of each file of the program (the driver, the code).
+    pub program_files: Vec<(String, String)>,
     /// Whether to make the report FIFO and hand it to the supervisor.
     pub report_fifo: bool,
     /// Whether to listen on 127.0.0.1:3128 inside and hand the socket over.
@@ -96,7 +100,24 @@ pub struct RunPlan {
     /// The open-file limit, for telling whether the run reached it.
     pub open_files: u64,
     pub landlock: Option<LandlockPlan>,
+    /// The compiled filter, sent as the kernel reads it (base64 of the
+    /// `sock_filter` array): a few kilobytes rather than a long JSON list.
+    #[serde(with = "bpf_base64")]
     pub seccomp: Vec<Instruction>,
+}
+
+/// How the helper puts the run into its cgroup; the descriptors follow the
+/// five fixed ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CgroupEntry {
+    /// No cgroup (the policy allowed running without one).
+    None,
+    /// cgroup v1: write "0" to each attached `tasks` file, moving the helper
+    /// itself, before making the init.
+    EnterTasks,
+    /// cgroup v2: make the init with CLONE_INTO_CGROUP and the attached
+    /// directory.
+    CloneInto,
 }
 
 /// One resource limit.
@@ -220,4 +241,70 @@ pub fn recv_request(socket: BorrowedFd<'_>) -> io::Result<(Request, Vec<OwnedFd>
     std::fs::File::from(fds.remove(0)).read_to_end(&mut body)?;
     let request = serde_json::from_slice(&body).map_err(io::Error::other)?;
     Ok((request, fds))
+}
+
+/// (De)serializes a BPF program as base64 of its `sock_filter` bytes.
+mod bpf_base64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::seccomp::Instruction;
+
+    pub fn serialize<S: Serializer>(program: &[Instruction], serializer: S) -> Result<S::Ok, S::Error> {
+        let mut bytes = Vec::with_capacity(program.len() * 8);
+        for i in program {
+            bytes.extend_from_slice(&i.code.to_le_bytes());
+            bytes.push(i.jt);
+            bytes.push(i.jf);
+            bytes.extend_from_slice(&i.k.to_le_bytes());
+        }
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Instruction>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(text).map_err(serde::de::Error::custom)?;
+        if bytes.len() % 8 != 0 {
+            return Err(serde::de::Error::custom("a BPF program is a whole number of 8-byte instructions"));
+        }
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| Instruction {
+                code: u16::from_le_bytes([c[0], c[1]]),
+                jt: c[2],
+                jf: c[3],
+                k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_survives_the_trip() {
+        let program = crate::seccomp::compile(&crate::seccomp::Policy::default_policy().unwrap()).unwrap();
+        let plan = RunPlan {
+            supervisor_pid: 1,
+            cgroup: CgroupEntry::None,
+            hostname: "airlock".into(),
+            program_files: vec![("main.py".into(), "print('é')".into())],
+            report_fifo: true,
+            proxy_listener: false,
+            argv: vec!["python".into()],
+            env: vec!["A=b".into()],
+            cwd: "/work".into(),
+            rlimits: vec![],
+            open_files: 256,
+            landlock: None,
+            seccomp: program.clone(),
+        };
+        let json = serde_json::to_string(&plan).unwrap();
+        let back: RunPlan = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.seccomp, program);
+        assert_eq!(back.program_files, plan.program_files);
+        assert!(json.len() < 20_000, "{}", json.len());
+    }
 }

@@ -17,7 +17,7 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
-use crate::cgroup::RunCgroup;
+use crate::cgroup::{Placement, RunCgroup};
 use crate::protocol::{self, Failure, Reply, Request, RunPlan};
 
 /// How long the sandbox may take to be ready before the run is abandoned.
@@ -124,18 +124,19 @@ pub fn run(
     let mut observed = Observed::default();
 
     let started = (|| -> io::Result<OwnedFd> {
-        // Into the cgroup before the helper reads its plan, so that every
-        // process of the run, and every byte it allocates, is counted.
-        if let Some(cgroup) = cgroup {
-            cgroup.attach(helper_pid)?;
-        }
         let pid = Pid::from_raw(helper_pid as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
         let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
-        protocol::send_request(
-            ours.as_fd(),
-            &request,
-            &[sandbox.user_ns, sandbox.mount_ns, stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()],
-        )?;
+        // The helper puts the run into its cgroup itself, before the run's
+        // first process exists: every process, every byte, is counted.
+        let placement = cgroup.map(|c| c.placement()).transpose()?;
+        let mut fds =
+            vec![sandbox.user_ns, sandbox.mount_ns, stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()];
+        match &placement {
+            Some(Placement::EnterTasks(tasks)) => fds.extend(tasks.iter().map(AsFd::as_fd)),
+            Some(Placement::CloneInto(dir)) => fds.push(dir.as_fd()),
+            None => {}
+        }
+        protocol::send_request(ours.as_fd(), &request, &fds)?;
         Ok(pidfd)
     })();
     drop((stdin_read, stdout_write, stderr_write));

@@ -24,7 +24,7 @@ pub enum Forked {
 /// The caller must be single-threaded: the child is a copy of this one
 /// thread, and may then allocate and run arbitrary code only because no other
 /// thread can have held a lock at the moment of the copy.
-pub unsafe fn clone_with_namespaces(flags: u64) -> io::Result<Forked> {
+pub unsafe fn clone_with_namespaces(flags: u64, into_cgroup: Option<BorrowedFd<'_>>) -> io::Result<Forked> {
     #[repr(C)]
     #[derive(Default)]
     struct CloneArgs {
@@ -36,8 +36,12 @@ pub unsafe fn clone_with_namespaces(flags: u64) -> io::Result<Forked> {
         stack: u64,
         stack_size: u64,
         tls: u64,
+        set_tid: u64,
+        set_tid_size: u64,
+        cgroup: u64,
     }
     const CLONE_PIDFD: u64 = 0x1000;
+    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
     let mut pidfd: libc::c_int = -1;
     let mut args = CloneArgs {
         flags: flags | CLONE_PIDFD,
@@ -45,8 +49,13 @@ pub unsafe fn clone_with_namespaces(flags: u64) -> io::Result<Forked> {
         exit_signal: libc::SIGCHLD as u64,
         ..CloneArgs::default()
     };
-    // SAFETY: `args` is a valid clone_args of the size passed, and `pidfd`
-    // outlives the call. With no stack given, the child runs on a copy of
+    if let Some(cgroup) = into_cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = cgroup.as_raw_fd() as u64;
+    }
+    // SAFETY: `args` is a valid clone_args (CLONE_ARGS_SIZE_VER2) of the size
+    // passed, `pidfd` outlives the call, and the cgroup descriptor is borrowed
+    // for it. With no stack given, the child runs on a copy of
     // this stack, exactly as after fork(); the caller guarantees we are
     // single-threaded (see the function's safety section).
     let ret = check(unsafe { libc::syscall(libc::SYS_clone3, &raw mut args, std::mem::size_of::<CloneArgs>()) })?;

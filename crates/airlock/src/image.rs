@@ -394,7 +394,7 @@ fn build_into(
     let mut packages: Vec<Package> =
         serde_json::from_slice(&listing.stdout).map_err(|e| format!("reading pip list: {e}"))?;
     packages.retain(|p| p.name != "pip" && p.name != "setuptools");
-    packages.sort_by(|a, b| a.name.to_lowercase().cmp(&b.name.to_lowercase()));
+    packages.sort_by_key(|p| p.name.to_lowercase());
     let manifest = Manifest {
         format: FORMAT,
         hash: hash.to_owned(),

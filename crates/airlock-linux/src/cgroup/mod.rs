@@ -13,6 +13,7 @@ mod v2;
 
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -40,8 +41,9 @@ pub struct CgroupStats {
 
 /// One run's cgroup, on either hierarchy.
 pub trait RunCgroup: Send {
-    /// Moves process `pid` (and its future children) into the cgroup.
-    fn attach(&self, pid: u32) -> io::Result<()>;
+    /// How the helper enters the cgroup before the run's first process is
+    /// made (see [`Placement`]).
+    fn placement(&self) -> io::Result<Placement>;
     /// CPU time used so far by every process of the run.
     fn cpu_usage(&self) -> Option<Duration>;
     fn stats(&self) -> CgroupStats;
@@ -52,6 +54,30 @@ pub trait RunCgroup: Send {
     fn remove(&mut self) -> io::Result<()>;
     /// "v1" or "v2", for the record.
     fn version(&self) -> &'static str;
+}
+
+/// How a run's processes get into its cgroup, without the global lock a
+/// migration by pid takes (which waits for an RCU grace period: about 10 ms
+/// a run on a busy cgroup v1 host).
+#[derive(Debug)]
+pub enum Placement {
+    /// cgroup v1: the helper, single-threaded, writes "0" to each of these
+    /// `tasks` files, moving itself; a thread moving itself needs no global
+    /// lock. Its children are born inside.
+    EnterTasks(Vec<OwnedFd>),
+    /// cgroup v2: the sandbox's init is born inside, through clone3's
+    /// CLONE_INTO_CGROUP with this directory.
+    CloneInto(OwnedFd),
+}
+
+/// Child side (the helper, single-threaded): moves itself into the run's
+/// cgroup v1 hierarchies by writing "0" to each `tasks` file.
+pub fn enter_self(tasks: &[OwnedFd]) -> Result<(), crate::protocol::Failure> {
+    for fd in tasks {
+        rustix::io::write(fd, b"0")
+            .map_err(|e| crate::protocol::Failure::new("enter the run's cgroup", "tasks", &e.into()))?;
+    }
+    Ok(())
 }
 
 /// Where runs' cgroups are made on this host.
@@ -160,6 +186,16 @@ impl Hierarchy {
             v2::check_controllers(parent, *delegated)?;
         }
         Ok(())
+    }
+
+    /// Processes of airlock's own a run's cgroup counts, on top of the
+    /// code's: the helper (v1 only, where it enters the cgroup itself) and
+    /// the sandbox's init.
+    pub fn own_processes(&self) -> u32 {
+        match self {
+            Hierarchy::V1 { .. } => 2,
+            Hierarchy::V2 { .. } => 1,
+        }
     }
 
     /// "v1" or "v2".
@@ -323,6 +359,12 @@ fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
         std::thread::sleep(Duration::from_millis(if attempt < 10 { 2 } else { 20 }));
     }
     last
+}
+
+/// Opens a cgroup file or directory for the helper to use.
+fn open_for_helper(path: &Path, flags: rustix::fs::OFlags) -> io::Result<OwnedFd> {
+    rustix::fs::open(path, flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("opening {}: {e}", path.display())))
 }
 
 fn write(path: &Path, value: impl AsRef<[u8]>) -> io::Result<()> {

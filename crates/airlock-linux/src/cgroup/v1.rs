@@ -6,7 +6,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{CgroupLimits, CgroupStats, RunCgroup, kill_procs, read_key, read_u64, remove_dir_retrying, write};
+use super::{
+    CgroupLimits, CgroupStats, Placement, RunCgroup, kill_procs, open_for_helper, read_key, read_u64,
+    remove_dir_retrying, write,
+};
 
 /// The CFS period airlock uses for CPU quotas, in microseconds.
 const CFS_PERIOD_US: u64 = 100_000;
@@ -67,11 +70,12 @@ impl V1Cgroup {
 }
 
 impl RunCgroup for V1Cgroup {
-    fn attach(&self, pid: u32) -> io::Result<()> {
-        for dir in &self.made {
-            write(&dir.join("cgroup.procs"), pid.to_string())?;
-        }
-        Ok(())
+    fn placement(&self) -> io::Result<Placement> {
+        self.made
+            .iter()
+            .map(|dir| open_for_helper(&dir.join("tasks"), rustix::fs::OFlags::WRONLY))
+            .collect::<io::Result<_>>()
+            .map(Placement::EnterTasks)
     }
 
     fn cpu_usage(&self) -> Option<Duration> {

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    CONTROLLERS, CgroupLimits, CgroupStats, RunCgroup, kill_procs, read_key, read_u64, remove_dir_retrying, write,
+    CONTROLLERS, CgroupLimits, CgroupStats, Placement, RunCgroup, kill_procs, open_for_helper, read_key, read_u64,
+    remove_dir_retrying, write,
 };
 
 const CPU_PERIOD_US: u64 = 100_000;
@@ -64,8 +65,8 @@ impl V2Cgroup {
 }
 
 impl RunCgroup for V2Cgroup {
-    fn attach(&self, pid: u32) -> io::Result<()> {
-        write(&self.dir.join("cgroup.procs"), pid.to_string())
+    fn placement(&self) -> io::Result<Placement> {
+        open_for_helper(&self.dir, rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY).map(Placement::CloneInto)
     }
 
     fn cpu_usage(&self) -> Option<Duration> {

@@ -26,6 +26,20 @@ pub use compile::{Instruction, compile, evaluate};
 /// The default policy, as shipped.
 pub const DEFAULT_POLICY: &str = include_str!("../../seccomp/default.toml");
 
+/// The default policy compiled to BPF by the build script (build.rs), which
+/// leaves it at the crate root as `DEFAULT_SECCOMP_BPF`.
+pub fn default_program() -> Vec<Instruction> {
+    crate::DEFAULT_SECCOMP_BPF
+        .chunks_exact(8)
+        .map(|c| Instruction {
+            code: u16::from_le_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect()
+}
+
 /// What the filter does with a syscall.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Action {
@@ -343,6 +357,17 @@ impl fmt::Display for Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_program_built_in_is_the_policy_compiled() {
+        let policy = Policy::default_policy().unwrap();
+        assert_eq!(default_program(), compile(&policy).unwrap());
+        // Printable, for a person reviewing what the sandbox may call.
+        let text = policy.to_string();
+        assert!(text.starts_with("default: errno:EPERM\n"), "{text}");
+        assert!(text.lines().any(|l| l.ends_with(" clone3: errno:ENOSYS")), "{text}");
+        assert!(text.lines().any(|l| l.trim_start().ends_with(" read: allow")), "{text}");
+    }
 
     #[test]
     fn the_default_policy_parses() {

@@ -1,0 +1,932 @@
+//! The proxy itself: accepts the sandbox's connections, decides, dials,
+//! relays with byte counting, and records every connection.
+//!
+//! Threads, not an async runtime: the connections of one run are capped
+//! (64 by default), and the supervisor that owns the proxy is synchronous.
+//! One thread accepts; each connection gets one thread, plus a second while
+//! it relays (one per direction). [`ProxyHandle::finish`] shuts every socket
+//! down, which wakes every blocked read and write, so it returns promptly.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use airlock_policy::{Limit, NetworkEvent, NetworkRecord, NetworkVerdict};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+
+use crate::config::{ProxyConfig, Refusal};
+use crate::error::NetError;
+use crate::host::{HostError, RequestHost, parse_absolute_url, parse_authority, parse_host, split_port};
+use crate::http::{BodyFraming, RequestHead, read_head};
+use crate::tls::{HelloScan, MAX_CLIENT_HELLO, scan_client_hello};
+
+/// Bytes moved per read while relaying. Larger buffers measured no faster on
+/// loopback (and neither did splice(2); see bench/results/net.md).
+const RELAY_BUFFER: usize = 128 * 1024;
+/// How long [`ProxyHandle::finish`] waits for connection threads to end
+/// after their sockets are shut down. Only a thread stuck in a resolver or a
+/// connect can take this long; it is then left to end on its own.
+const FINISH_GRACE: Duration = Duration::from_secs(2);
+/// How long a refusal waits to be written, and for the client's leftover
+/// bytes to drain so that closing does not reset the connection before the
+/// client reads the answer.
+const REFUSAL_LINGER: Duration = Duration::from_millis(200);
+/// The longest host text or reason kept in a record entry.
+const MAX_RECORD_TEXT: usize = 300;
+
+/// Starts proxies. See [`Proxy::start`].
+#[derive(Debug)]
+pub struct Proxy;
+
+impl Proxy {
+    /// Serves `listener` (already listening, usually inside the sandbox's
+    /// network namespace) on its own threads until [`ProxyHandle::finish`].
+    pub fn start(listener: TcpListener, config: ProxyConfig) -> Result<ProxyHandle, NetError> {
+        if !rustix::net::sockopt::socket_acceptconn(&listener).map_err(|e| NetError::Listener(e.into()))? {
+            return Err(NetError::Listener(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the socket is not listening; call listen() on it before handing it to the proxy",
+            )));
+        }
+        listener.set_nonblocking(true).map_err(NetError::Listener)?;
+        let (waker, wakee) = UnixStream::pair().map_err(NetError::Thread)?;
+        let run = Arc::new(Run::new(config));
+        let acceptor = {
+            let run = Arc::clone(&run);
+            thread::Builder::new()
+                .name("airlock-net-accept".into())
+                .spawn(move || accept_loop(&run, &listener, &wakee))
+                .map_err(NetError::Thread)?
+        };
+        Ok(ProxyHandle { run, waker, acceptor: Some(acceptor) })
+    }
+}
+
+/// A running proxy. Dropping it stops the proxy as [`ProxyHandle::finish`]
+/// does, without the record.
+#[derive(Debug)]
+pub struct ProxyHandle {
+    run: Arc<Run>,
+    waker: UnixStream,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+/// What the proxy saw over a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProxyOutcome {
+    /// The rules and every connection, in the order they were accepted.
+    pub record: NetworkRecord,
+    /// [`Limit::NetworkBytes`] and/or [`Limit::NetworkConnections`] if reached.
+    pub limits_hit: Vec<Limit>,
+    /// Connections refused after the connection cap was reached, beyond the
+    /// first (which is in the record). They are counted, not listed, so a
+    /// loop of connection attempts cannot grow the record without bound.
+    pub unlisted_refusals: u64,
+}
+
+impl ProxyHandle {
+    /// Whether a byte or connection cap has been reached (cheap; for polling).
+    pub fn limit_hit(&self) -> bool {
+        self.run.byte_cap_hit.load(Ordering::SeqCst) || self.run.connection_cap_hit.load(Ordering::SeqCst)
+    }
+
+    /// The caps reached so far.
+    pub fn limits_hit(&self) -> Vec<Limit> {
+        self.run.limits_hit()
+    }
+
+    /// Stops accepting, closes every connection, waits a bounded time for
+    /// the threads, and returns every connection's record.
+    pub fn finish(mut self) -> ProxyOutcome {
+        self.stop();
+        let deadline = Instant::now() + FINISH_GRACE;
+        loop {
+            let mut workers = lock(&self.run.workers);
+            let (done, running): (Vec<_>, Vec<_>) = workers.drain(..).partition(|worker| worker.is_finished());
+            *workers = running;
+            drop(workers);
+            for worker in done {
+                // A connection thread that panicked has already recorded what it could.
+                let _ = worker.join();
+            }
+            if lock(&self.run.workers).is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+        self.run.outcome()
+    }
+
+    /// Stops accepting and shuts down every socket. Idempotent.
+    fn stop(&mut self) {
+        if self.run.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // The acceptor polls this socket beside the listener; closing it wakes the poll.
+        let _ = self.waker.shutdown(Shutdown::Both);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        for connection in lock(&self.run.connections).iter() {
+            connection.note("closed when the run ended");
+        }
+        let open = lock(&self.run.open_sockets).take().unwrap_or_default();
+        for stream in open.values().flatten() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for ProxyHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Which way bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    /// From the sandbox to the outside.
+    Out,
+    /// From the outside to the sandbox.
+    In,
+}
+
+/// The state of one run's proxy, shared by its threads.
+struct Run {
+    config: ProxyConfig,
+    stopping: AtomicBool,
+    bytes_out: AtomicU64,
+    bytes_in: AtomicU64,
+    accepted: AtomicU64,
+    unlisted_refusals: AtomicU64,
+    byte_cap_hit: AtomicBool,
+    connection_cap_hit: AtomicBool,
+    connections: Mutex<Vec<Arc<Connection>>>,
+    /// Clones of every open socket by connection, so that stopping can shut
+    /// them down; `None` once stopping, when no socket may be added.
+    open_sockets: Mutex<Option<HashMap<u64, Vec<TcpStream>>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Run {
+    fn new(config: ProxyConfig) -> Run {
+        Run {
+            config,
+            stopping: AtomicBool::new(false),
+            bytes_out: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            unlisted_refusals: AtomicU64::new(0),
+            byte_cap_hit: AtomicBool::new(false),
+            connection_cap_hit: AtomicBool::new(false),
+            connections: Mutex::new(Vec::new()),
+            open_sockets: Mutex::new(Some(HashMap::new())),
+            workers: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn limits_hit(&self) -> Vec<Limit> {
+        let mut limits = Vec::new();
+        if self.byte_cap_hit.load(Ordering::SeqCst) {
+            limits.push(Limit::NetworkBytes);
+        }
+        if self.connection_cap_hit.load(Ordering::SeqCst) {
+            limits.push(Limit::NetworkConnections);
+        }
+        limits
+    }
+
+    fn outcome(&self) -> ProxyOutcome {
+        ProxyOutcome {
+            record: NetworkRecord {
+                allowed_hosts: self.config.rules.iter().map(ToString::to_string).collect(),
+                connections: lock(&self.connections).iter().map(|c| c.event()).collect(),
+            },
+            limits_hit: self.limits_hit(),
+            unlisted_refusals: self.unlisted_refusals.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Registers `stream` to be shut down when the run stops; refuses (and
+    /// shuts it down) if the run is already stopping.
+    fn track(&self, connection: u64, stream: &TcpStream) -> Result<(), Ended> {
+        let mut open = lock(&self.open_sockets);
+        match (open.as_mut(), stream.try_clone()) {
+            (Some(open), Ok(clone)) => {
+                open.entry(connection).or_default().push(clone);
+                Ok(())
+            }
+            _ => {
+                let _ = stream.shutdown(Shutdown::Both);
+                Err(Ended)
+            }
+        }
+    }
+
+    fn untrack(&self, connection: u64) {
+        if let Some(open) = lock(&self.open_sockets).as_mut() {
+            open.remove(&connection);
+        }
+    }
+
+    /// Takes up to `wanted` bytes from the run's budget for `direction`;
+    /// returns how many may pass. Fewer than wanted means the cap is reached.
+    fn take_budget(&self, direction: Direction, wanted: usize) -> usize {
+        let (counter, cap) = match direction {
+            Direction::Out => (&self.bytes_out, self.config.max_bytes_out),
+            Direction::In => (&self.bytes_in, self.config.max_bytes_in),
+        };
+        let wanted = wanted as u64;
+        let mut used = counter.load(Ordering::SeqCst);
+        loop {
+            let granted = cap.saturating_sub(used).min(wanted);
+            match counter.compare_exchange(used, used + granted, Ordering::SeqCst, Ordering::SeqCst) {
+                // `granted <= wanted`, which came from a usize.
+                Ok(_) => return granted as usize,
+                Err(actual) => used = actual,
+            }
+        }
+    }
+
+    /// Admits or refuses one accepted connection.
+    fn admit(self: &Arc<Run>, client: TcpStream) {
+        let number = self.accepted.fetch_add(1, Ordering::SeqCst) + 1;
+        if number > u64::from(self.config.max_connections) {
+            self.connection_cap_hit.store(true, Ordering::SeqCst);
+            let reason = format!("the run's cap of {} connections was reached", self.config.max_connections);
+            if number == u64::from(self.config.max_connections) + 1 {
+                let connection = Connection::new(number);
+                connection.note(&reason);
+                connection.end();
+                lock(&self.connections).push(Arc::new(connection));
+            } else {
+                self.unlisted_refusals.fetch_add(1, Ordering::SeqCst);
+            }
+            refuse_without_waiting(client, &reason);
+            return;
+        }
+        let connection = Arc::new(Connection::new(number));
+        lock(&self.connections).push(Arc::clone(&connection));
+        let spawned = {
+            let run = Arc::clone(self);
+            let connection = Arc::clone(&connection);
+            thread::Builder::new().name(format!("airlock-net-{number}")).spawn(move || {
+                serve(&run, &connection, &client);
+                connection.end();
+            })
+        };
+        match spawned {
+            Ok(worker) => {
+                let mut workers = lock(&self.workers);
+                workers.retain(|w| !w.is_finished());
+                workers.push(worker);
+            }
+            // The client's socket went with the thread that never started.
+            Err(e) => {
+                connection.note(&format!("the proxy could not start a thread: {e}"));
+                connection.end();
+            }
+        }
+    }
+}
+
+/// The run is stopping; the connection ends.
+#[derive(Debug)]
+struct Ended;
+
+/// One accepted connection, as the record will show it.
+#[derive(Debug)]
+struct Connection {
+    id: u64,
+    state: Mutex<ConnectionState>,
+    bytes_out: AtomicU64,
+    bytes_in: AtomicU64,
+}
+
+#[derive(Debug)]
+struct ConnectionState {
+    host: String,
+    port: u16,
+    resolved: Option<String>,
+    verdict: NetworkVerdict,
+    reason: Option<String>,
+    ended: bool,
+}
+
+impl Connection {
+    fn new(id: u64) -> Connection {
+        Connection {
+            id,
+            state: Mutex::new(ConnectionState {
+                host: String::new(),
+                port: 0,
+                resolved: None,
+                verdict: NetworkVerdict::Denied,
+                reason: None,
+                ended: false,
+            }),
+            bytes_out: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+        }
+    }
+
+    /// Names the host and port the request asked for, as written.
+    fn describe(&self, host: &str, port: u16) {
+        let mut state = lock(&self.state);
+        state.host = clip(host);
+        state.port = port;
+    }
+
+    fn allow(&self, dialled: SocketAddr) {
+        let mut state = lock(&self.state);
+        state.verdict = NetworkVerdict::Allowed;
+        state.resolved = Some(dialled.ip().to_string());
+    }
+
+    /// Marks the connection refused, and why, unless a cause is already recorded.
+    fn deny(&self, reason: &str) {
+        lock(&self.state).verdict = NetworkVerdict::Denied;
+        self.note(reason);
+    }
+
+    /// Records how the connection ended, unless something already did: the
+    /// first cause is the one worth reading.
+    fn note(&self, reason: &str) {
+        let mut state = lock(&self.state);
+        if state.reason.is_none() && !state.ended {
+            state.reason = Some(clip(reason));
+        }
+    }
+
+    fn end(&self) {
+        lock(&self.state).ended = true;
+    }
+
+    fn count(&self, direction: Direction, bytes: usize) {
+        let counter = match direction {
+            Direction::Out => &self.bytes_out,
+            Direction::In => &self.bytes_in,
+        };
+        counter.fetch_add(bytes as u64, Ordering::SeqCst);
+    }
+
+    fn event(&self) -> NetworkEvent {
+        let state = lock(&self.state);
+        NetworkEvent {
+            host: state.host.clone(),
+            port: state.port,
+            resolved: state.resolved.clone(),
+            verdict: state.verdict,
+            reason: state.reason.clone(),
+            bytes_out: self.bytes_out.load(Ordering::SeqCst),
+            bytes_in: self.bytes_in.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// The longest the acceptor sleeps without checking whether the run stopped.
+const ACCEPT_POLL_LIMIT: Timespec = Timespec { tv_sec: 1, tv_nsec: 0 };
+
+/// Accepts until the waker closes.
+fn accept_loop(run: &Arc<Run>, listener: &TcpListener, waker: &UnixStream) {
+    loop {
+        let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(waker, PollFlags::IN)];
+        // The timeout only backs up the waker: stopping never waits on a client.
+        let polled = poll(&mut fds, Some(&ACCEPT_POLL_LIMIT));
+        if run.stopping.load(Ordering::SeqCst) || !fds[1].revents().is_empty() {
+            return;
+        }
+        match polled {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => {
+                // Nothing here fails for long; do not spin while it does.
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        }
+        match listener.accept() {
+            Ok((client, _)) => {
+                // Accepted sockets must block: the connection threads rely on timeouts.
+                if client.set_nonblocking(false).is_ok() {
+                    let _ = client.set_nodelay(true);
+                    run.admit(client);
+                }
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+            // Out of descriptors, most likely: wait for some to close.
+            Err(_) => thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Why a request goes no further: the status the client gets, and the reason.
+#[derive(Debug)]
+enum Stop {
+    /// The policy refuses it, or it cannot be read (4xx; never dialled).
+    Denied { status: u16, reason: String },
+    /// Allowed, but the outside could not be reached (502).
+    Failed(String),
+    /// The run is stopping.
+    Ended,
+}
+
+impl From<Refusal> for Stop {
+    fn from(refusal: Refusal) -> Stop {
+        match refusal {
+            Refusal::NotAllowed(reason) => Stop::Denied { status: 403, reason },
+            Refusal::Unresolvable(reason) => Stop::Failed(reason),
+        }
+    }
+}
+
+impl From<Ended> for Stop {
+    fn from(_: Ended) -> Stop {
+        Stop::Ended
+    }
+}
+
+fn bad_request(reason: impl Into<String>) -> Stop {
+    Stop::Denied { status: 400, reason: reason.into() }
+}
+
+fn forbidden(reason: impl Into<String>) -> Stop {
+    Stop::Denied { status: 403, reason: reason.into() }
+}
+
+/// Serves one connection from its first byte to its close.
+fn serve(run: &Run, connection: &Connection, client: &TcpStream) {
+    if run.track(connection.id, client).is_err() {
+        return;
+    }
+    let deadline = Instant::now() + run.config.head_timeout;
+    let result = match read_head(client, deadline) {
+        Err(e) => Err(Stop::Denied { status: e.status(), reason: e.to_string() }),
+        Ok((head, early)) => {
+            let _ = client.set_read_timeout(None);
+            if head.method == "CONNECT" {
+                tunnel(run, connection, client, &head, early)
+            } else {
+                forward(run, connection, client, &head, early)
+            }
+        }
+    };
+    match result {
+        Ok(()) | Err(Stop::Ended) => {}
+        Err(Stop::Denied { status, reason }) => {
+            connection.deny(&reason);
+            refuse(client, status, &reason);
+        }
+        Err(Stop::Failed(reason)) => {
+            connection.note(&reason);
+            refuse(client, 502, &reason);
+        }
+    }
+    run.untrack(connection.id);
+}
+
+/// CONNECT host:port: check, dial, answer 200, check the ClientHello, relay.
+fn tunnel(
+    run: &Run,
+    connection: &Connection,
+    client: &TcpStream,
+    head: &RequestHead,
+    early: Vec<u8>,
+) -> Result<(), Stop> {
+    let (host_text, _) = split_port(&head.target).unwrap_or((&head.target, None));
+    connection.describe(host_text, 0);
+    let (host, port) = parse_authority(&head.target).map_err(|e| bad_request(format!("CONNECT target: {e}")))?;
+    let port = port.ok_or_else(|| bad_request(format!("CONNECT target {:?} has no port", head.target)))?;
+    connection.describe(host_text, port);
+    // A Host header is optional on CONNECT; without a port it names the host only.
+    check_host_header(head, &host, port, None, &head.target)?;
+    let addresses = run.config.route(&host, port)?;
+    let (upstream, dialled) = dial(&addresses, run.config.connect_timeout)?;
+    connection.allow(dialled);
+    run.track(connection.id, &upstream)?;
+    let mut reply = client;
+    reply.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").map_err(|_| Stop::Ended)?;
+    relay_both(run, connection, client, &upstream, || match check_client_hello(run, client, early, &host) {
+        Ok(Some(first)) => match forward_bytes(run, connection, &upstream, &first, Direction::Out) {
+            Ok(()) => relay(run, connection, client, &upstream, Direction::Out, None),
+            Err(end) => end,
+        },
+        // The client closed before sending anything through the tunnel.
+        Ok(None) => RelayEnd::Eof,
+        Err(reason) => RelayEnd::Refused(reason),
+    })
+}
+
+/// Reads what the client sends first through a tunnel and refuses a TLS
+/// ClientHello that names a host other than the CONNECT target. Returns the
+/// bytes read, to be sent on, or `None` if the client closed first.
+fn check_client_hello(
+    run: &Run,
+    client: &TcpStream,
+    mut data: Vec<u8>,
+    host: &RequestHost,
+) -> Result<Option<Vec<u8>>, String> {
+    let mut reader = client;
+    // The first byte may take as long as the client likes (a protocol where
+    // the server speaks first); a ClientHello, once begun, must be quick.
+    let mut deadline = None;
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match scan_client_hello(&data) {
+            HelloScan::NotTls | HelloScan::Hello { server_name: None } => break,
+            HelloScan::Hello { server_name: Some(name) } => {
+                if parse_host(&name).as_ref() == Ok(host) {
+                    break;
+                }
+                return Err(format!("the TLS server name {name:?} differs from the CONNECT host {host}"));
+            }
+            HelloScan::Malformed(why) => return Err(format!("unreadable TLS ClientHello: {why}")),
+            HelloScan::Incomplete => {}
+        }
+        if data.len() > 4 * MAX_CLIENT_HELLO {
+            return Err("the TLS ClientHello is too large".into());
+        }
+        if !data.is_empty() && deadline.is_none() {
+            deadline = Some(Instant::now() + run.config.head_timeout);
+        }
+        let timeout = match deadline {
+            None => None,
+            Some(deadline) => match deadline.saturating_duration_since(Instant::now()) {
+                left if left.is_zero() => {
+                    return Err("no whole TLS ClientHello arrived in time".into());
+                }
+                left => Some(left),
+            },
+        };
+        let _ = client.set_read_timeout(timeout);
+        match reader.read(&mut chunk) {
+            Ok(0) if data.is_empty() => return Ok(None),
+            Ok(0) => {
+                return Err("the client closed the tunnel in the middle of a TLS ClientHello".into());
+            }
+            Ok(n) => data.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err("no whole TLS ClientHello arrived in time".into());
+            }
+            Err(e) => return Err(format!("reading the TLS ClientHello: {e}")),
+        }
+    }
+    let _ = client.set_read_timeout(None);
+    Ok(Some(data))
+}
+
+/// GET http://host/path: check, dial, send the request in origin form with
+/// `Connection: close`, pass the body and only the body, relay the answer.
+fn forward(
+    run: &Run,
+    connection: &Connection,
+    client: &TcpStream,
+    head: &RequestHead,
+    early: Vec<u8>,
+) -> Result<(), Stop> {
+    let url = parse_absolute_url(&head.target).map_err(|e| match e {
+        HostError::NotAbsolute(_) => {
+            bad_request(format!("{e} (it came in origin form: use this address as an HTTP proxy, not as a server)"))
+        }
+        e => bad_request(format!("request target: {e}")),
+    })?;
+    let (host_text, _) = split_port(&url.authority).unwrap_or((&url.authority, None));
+    connection.describe(host_text, url.port);
+    let has_host = check_host_header(head, &url.host, url.port, Some(80), &url.authority)?;
+    if !has_host && head.version >= 1 {
+        return Err(bad_request("an HTTP/1.1 request must have a Host header"));
+    }
+    let mut framing = BodyFraming::of(head).map_err(|e| bad_request(e.to_string()))?;
+    let addresses = run.config.route(&url.host, url.port)?;
+    let (upstream, dialled) = dial(&addresses, run.config.connect_timeout)?;
+    connection.allow(dialled);
+    run.track(connection.id, &upstream)?;
+    if let Err(end) =
+        forward_bytes(run, connection, &upstream, &upstream_head(head, &url.path, &url.authority), Direction::Out)
+    {
+        end_direction(run, connection, end, client, &upstream, Direction::Out);
+        return Ok(());
+    }
+    relay_both(run, connection, client, &upstream, || {
+        let taken = match framing.advance(&early) {
+            Ok(taken) => taken,
+            Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
+        };
+        if let Err(end) = forward_bytes(run, connection, &upstream, &early[..taken], Direction::Out) {
+            return end;
+        }
+        if framing.is_done() {
+            return RelayEnd::BodyDone;
+        }
+        relay(run, connection, client, &upstream, Direction::Out, Some(framing))
+    })?;
+    // The answer is passed and the client's side closed; let the client read
+    // it before closing (unread pipelined bytes would reset the connection).
+    linger(client);
+    Ok(())
+}
+
+/// Relays both ways until both directions end: the outside's bytes to the
+/// client on a second thread, and `outbound` (which sends the client's bytes
+/// upstream) on this one.
+fn relay_both(
+    run: &Run,
+    connection: &Connection,
+    client: &TcpStream,
+    upstream: &TcpStream,
+    outbound: impl FnOnce() -> RelayEnd,
+) -> Result<(), Stop> {
+    thread::scope(|scope| {
+        let inbound = thread::Builder::new()
+            .name(format!("airlock-net-{}-in", connection.id))
+            .spawn_scoped(scope, || {
+                let end = relay(run, connection, upstream, client, Direction::In, None);
+                end_direction(run, connection, end, client, upstream, Direction::In);
+            })
+            .map_err(|e| {
+                shutdown_both(client, upstream);
+                Stop::Failed(format!("the proxy could not start a thread: {e}"))
+            })?;
+        let end = outbound();
+        end_direction(run, connection, end, client, upstream, Direction::Out);
+        // A relay thread that panicked has already recorded what it could.
+        let _ = inbound.join();
+        Ok(())
+    })
+}
+
+/// Refuses a request whose Host header names another host or port than
+/// `target` (`host`:`port`), or that has more than one. A Host without a
+/// port means `implied_port`, or any port if that is `None`. Returns whether
+/// the request has a Host header.
+fn check_host_header(
+    head: &RequestHead,
+    host: &RequestHost,
+    port: u16,
+    implied_port: Option<u16>,
+    target: &str,
+) -> Result<bool, Stop> {
+    let mut values = head.values("host");
+    let Some(value) = values.next() else {
+        return Ok(false);
+    };
+    if values.next().is_some() {
+        return Err(bad_request("the request has more than one Host header"));
+    }
+    let value = std::str::from_utf8(value).map(str::trim).map_err(|_| bad_request("the Host header is not text"))?;
+    let (named, named_port) = parse_authority(value).map_err(|e| bad_request(format!("Host header: {e}")))?;
+    if named != *host || named_port.or(implied_port).is_some_and(|p| p != port) {
+        return Err(forbidden(format!("the Host header {value:?} differs from the request's target {target:?}")));
+    }
+    Ok(true)
+}
+
+/// Headers that concern one hop only, and so never go upstream.
+const HOP_BY_HOP: [&str; 6] = ["connection", "keep-alive", "te", "trailer", "upgrade", "proxy-connection"];
+/// Headers that delimit the body, which the proxy forwards as it checked them.
+const FRAMING: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+
+/// The request head to send upstream: origin-form target, the client's end-
+/// to-end headers, `Connection: close`.
+fn upstream_head(head: &RequestHead, path: &str, authority: &str) -> Vec<u8> {
+    // Headers the client's Connection header names are hop-by-hop too, but a
+    // client may not use that to strip the headers that delimit the body.
+    let named_by_connection: Vec<String> = head
+        .values("connection")
+        .flat_map(|value| {
+            String::from_utf8_lossy(value).split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>()
+        })
+        .filter(|token| !FRAMING.contains(&token.as_str()))
+        .collect();
+    let mut out = Vec::with_capacity(1024);
+    out.extend_from_slice(format!("{} {path} HTTP/1.{}\r\n", head.method, head.version).as_bytes());
+    if head.values("host").next().is_none() {
+        out.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
+    }
+    for (name, value) in &head.headers {
+        let lower = name.to_ascii_lowercase();
+        if HOP_BY_HOP.contains(&lower.as_str()) || lower.starts_with("proxy-") || named_by_connection.contains(&lower) {
+            continue;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out
+}
+
+/// Connects to the first address that answers, in order.
+fn dial(addresses: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, SocketAddr), Stop> {
+    let mut failures = Vec::new();
+    for address in addresses {
+        match TcpStream::connect_timeout(address, timeout) {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                return Ok((stream, *address));
+            }
+            Err(e) => failures.push(format!("{address}: {e}")),
+        }
+    }
+    Err(Stop::Failed(format!("could not connect: {}", failures.join("; "))))
+}
+
+/// How one direction of a relay ended.
+#[derive(Debug)]
+enum RelayEnd {
+    /// The sender closed its side.
+    Eof,
+    /// A plain-HTTP request body is complete; nothing more goes upstream.
+    BodyDone,
+    /// The run's byte cap for this direction was reached.
+    CapReached,
+    /// The stream broke (or was shut down when the run ended).
+    Error(io::Error),
+    /// The bytes broke a rule (a malformed chunked body).
+    Refused(String),
+}
+
+/// Copies `from` to `to` until one ends, counting and capping bytes, and
+/// passing only the request body if `framing` is given.
+fn relay(
+    run: &Run,
+    connection: &Connection,
+    from: &TcpStream,
+    to: &TcpStream,
+    direction: Direction,
+    mut framing: Option<BodyFraming>,
+) -> RelayEnd {
+    let mut buffer = vec![0u8; RELAY_BUFFER];
+    let mut reader = from;
+    loop {
+        let read = match reader.read(&mut buffer) {
+            Ok(0) => return RelayEnd::Eof,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return RelayEnd::Error(e),
+        };
+        let passing = match framing.as_mut() {
+            None => read,
+            Some(framing) => match framing.advance(&buffer[..read]) {
+                Ok(taken) => taken,
+                Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
+            },
+        };
+        if let Err(end) = forward_bytes(run, connection, to, &buffer[..passing], direction) {
+            return end;
+        }
+        if framing.as_ref().is_some_and(BodyFraming::is_done) {
+            return RelayEnd::BodyDone;
+        }
+    }
+}
+
+/// Writes `data` to `to` within the run's byte budget.
+fn forward_bytes(
+    run: &Run,
+    connection: &Connection,
+    to: &TcpStream,
+    data: &[u8],
+    direction: Direction,
+) -> Result<(), RelayEnd> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let granted = run.take_budget(direction, data.len());
+    let mut writer = to;
+    writer.write_all(&data[..granted]).map_err(RelayEnd::Error)?;
+    connection.count(direction, granted);
+    if granted < data.len() {
+        run.byte_cap_hit.store(true, Ordering::SeqCst);
+        return Err(RelayEnd::CapReached);
+    }
+    Ok(())
+}
+
+/// Acts on how one direction ended: passes an orderly close on, or tears
+/// the whole connection down.
+fn end_direction(
+    run: &Run,
+    connection: &Connection,
+    end: RelayEnd,
+    client: &TcpStream,
+    upstream: &TcpStream,
+    direction: Direction,
+) {
+    let receiver = match direction {
+        Direction::Out => upstream,
+        Direction::In => client,
+    };
+    match end {
+        RelayEnd::Eof => {
+            let _ = receiver.shutdown(Shutdown::Write);
+        }
+        RelayEnd::BodyDone => {}
+        RelayEnd::CapReached => {
+            let (cap, which) = match direction {
+                Direction::Out => (run.config.max_bytes_out, "out"),
+                Direction::In => (run.config.max_bytes_in, "in"),
+            };
+            connection.note(&format!("the run's cap of {cap} bytes {which} was reached"));
+            shutdown_both(client, upstream);
+        }
+        RelayEnd::Error(e) => {
+            connection.note(&format!("connection error: {e}"));
+            shutdown_both(client, upstream);
+        }
+        RelayEnd::Refused(reason) => {
+            connection.deny(&reason);
+            shutdown_both(client, upstream);
+        }
+    }
+}
+
+fn shutdown_both(client: &TcpStream, upstream: &TcpStream) {
+    let _ = client.shutdown(Shutdown::Both);
+    let _ = upstream.shutdown(Shutdown::Both);
+}
+
+/// Answers a refused request and closes, giving the client a moment to read
+/// the answer before the connection goes.
+fn refuse(client: &TcpStream, status: u16, reason: &str) {
+    let mut writer = client;
+    let _ = client.set_write_timeout(Some(REFUSAL_LINGER));
+    let _ = writer.write_all(&refusal_response(status, reason));
+    let _ = client.shutdown(Shutdown::Write);
+    linger(client);
+}
+
+/// Reads and drops what the client still sends, briefly, after the proxy
+/// closed its side: closing with unread bytes resets the connection, which
+/// can destroy the answer before the client reads it.
+fn linger(client: &TcpStream) {
+    let mut reader = client;
+    let _ = client.set_read_timeout(Some(REFUSAL_LINGER));
+    let mut sink = [0u8; 8192];
+    let mut drained = 0;
+    while drained < 256 * 1024 {
+        match reader.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+}
+
+/// Answers a connection refused before it was read, without blocking the
+/// thread that accepts.
+fn refuse_without_waiting(client: TcpStream, reason: &str) {
+    if client.set_nonblocking(true).is_ok() {
+        let mut sink = [0u8; 8192];
+        let _ = (&client).read(&mut sink);
+        let _ = (&client).write_all(&refusal_response(403, reason));
+        let _ = client.shutdown(Shutdown::Write);
+    }
+}
+
+fn refusal_response(status: u16, reason: &str) -> Vec<u8> {
+    let phrase = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        _ => "Bad Gateway",
+    };
+    let body = format!("airlock proxy: {reason}\n");
+    format!(
+        "HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// At most [`MAX_RECORD_TEXT`] bytes of `text`, cut at a character boundary.
+fn clip(text: &str) -> String {
+    if text.len() <= MAX_RECORD_TEXT {
+        return text.to_owned();
+    }
+    let mut end = MAX_RECORD_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

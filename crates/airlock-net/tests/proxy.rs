@@ -1,0 +1,527 @@
+//! The proxy against real servers and real clients on loopback.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_net::{NetError, Proxy, ProxyConfig, StaticResolver};
+use airlock_policy::{Limit, NetworkPolicy, NetworkVerdict};
+use common::*;
+
+fn no_names() -> Arc<StaticResolver> {
+    Arc::new(StaticResolver::new())
+}
+
+fn loopback() -> IpAddr {
+    IpAddr::from([127, 0, 0, 1])
+}
+
+#[test]
+fn plain_http_to_an_allowed_ip_and_port_goes_through_in_origin_form() {
+    let server = Server::http();
+    let port = server.port();
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), Caps::default());
+    let answer = exchange(
+        addr,
+        format!(
+            "GET http://127.0.0.1:{port}/path?q=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic c2VjcmV0\r\n\
+             Proxy-Connection: keep-alive\r\nConnection: keep-alive, X-Hop\r\nX-Hop: drop me\r\nX-Keep: keep me\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(answer.ends_with("hello from /path?q=1"), "{answer}");
+
+    server.settle(1);
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    let head = &requests[0].head;
+    assert!(head.starts_with("GET /path?q=1 HTTP/1.1\r\n"), "{head}");
+    assert!(head.contains(&format!("Host: 127.0.0.1:{port}\r\n")), "{head}");
+    assert!(head.contains("X-Keep: keep me\r\n"), "{head}");
+    assert!(head.contains("Connection: close\r\n"), "{head}");
+    for gone in ["Proxy-", "X-Hop", "keep-alive"] {
+        assert!(!head.contains(gone), "{gone} should not reach the server: {head}");
+    }
+
+    let outcome = proxy.finish();
+    assert_eq!(outcome.record.allowed_hosts, vec![format!("127.0.0.1:{port}")]);
+    let events = outcome.record.connections;
+    assert_eq!(events.len(), 1);
+    let event = &events[0];
+    assert_eq!((event.host.as_str(), event.port, event.verdict), ("127.0.0.1", port, NetworkVerdict::Allowed));
+    assert_eq!(event.resolved.as_deref(), Some("127.0.0.1"));
+    assert_eq!(event.bytes_in, answer.len() as u64);
+    assert!(event.bytes_out > 0);
+    assert!(outcome.limits_hit.is_empty());
+}
+
+#[test]
+fn https_through_connect_reaches_an_allowed_ip_and_an_allowed_name() {
+    let ca = TestCa::new();
+    let server = Server::https(&ca);
+    let port = server.port();
+    let resolver = Arc::new(StaticResolver::new().with("service.test", &[loopback()]));
+    let rules = [format!("service.test:{port}"), format!("127.0.0.1:{port}")];
+    let (proxy, addr) = start_proxy(&rules, resolver.clone(), Caps::default());
+
+    let (tunnel, head) = connect(addr, &format!("127.0.0.1:{port}"), &format!("Host: 127.0.0.1:{port}\r\n"));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // A client sends no server name for an IP address.
+    let body = https_get(tunnel, ca.client_config(), "127.0.0.1", "/by-ip").unwrap();
+    assert!(body.ends_with("hello from /by-ip"), "{body}");
+
+    let (tunnel, head) = connect(addr, &format!("Service.Test.:{port}"), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let body = https_get(tunnel, ca.client_config(), "service.test", "/by-name").unwrap();
+    assert!(body.ends_with("hello from /by-name"), "{body}");
+
+    server.settle(2);
+    assert_eq!(server.log.lock().unwrap().server_names, vec![None, Some("service.test".to_owned())]);
+    assert_eq!(resolver.lookups(), vec!["service.test"]);
+    let events = proxy.finish().record.connections;
+    assert_eq!(events.len(), 2);
+    assert!(
+        events.iter().all(|e| e.verdict == NetworkVerdict::Allowed && e.bytes_in > 0 && e.bytes_out > 0),
+        "{events:?}"
+    );
+    assert_eq!(events[1].host, "Service.Test.");
+    assert_eq!(events[1].resolved.as_deref(), Some("127.0.0.1"));
+}
+
+#[test]
+fn ipv6_literals_and_names_follow_the_same_rules() {
+    let server = Server::http_v6();
+    let port = server.port();
+    let resolver = Arc::new(StaticResolver::new().with("six.test", &["::1".parse().unwrap()]));
+    let (names_only, addr) = start_proxy(&[format!("six.test:{port}")], resolver.clone(), Caps::default());
+    let answer =
+        exchange(addr, format!("GET http://six.test:{port}/ HTTP/1.1\r\nHost: six.test:{port}\r\n\r\n").as_bytes());
+    assert_eq!(status(&answer), 403, "{answer}");
+    assert!(answer.contains("::1 (loopback)"), "{answer}");
+    let (_, head) = connect(addr, &format!("[::1]:{port}"), "");
+    assert_eq!(status(&head), 403, "{head}");
+    assert_eq!(server.connections(), 0);
+    drop(names_only);
+
+    let rules = [format!("six.test:{port}"), format!("[::1]:{port}")];
+    let (proxy, addr) = start_proxy(&rules, resolver, Caps::default());
+    let target = format!("[::1]:{port}");
+    let answer = exchange(addr, format!("GET http://{target}/v6 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+    assert!(answer.ends_with("hello from /v6"), "{answer}");
+    let (mut tunnel, head) = connect(addr, &format!("six.test:{port}"), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    tunnel.write_all(format!("GET /tunnel HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = tunnel.read_to_string(&mut answer);
+    assert!(answer.ends_with("hello from /tunnel"), "{answer}");
+    let events = proxy.finish().record.connections;
+    assert_eq!(events[0].host, "[::1]");
+    assert!(events.iter().all(|e| e.resolved.as_deref() == Some("::1")), "{events:?}");
+}
+
+#[test]
+fn a_port_not_in_the_rules_is_refused_and_never_dialled() {
+    let allowed = Server::http();
+    let other = Server::http();
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{}", allowed.port())], no_names(), Caps::default());
+    let target = format!("127.0.0.1:{}", other.port());
+    let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+    assert_eq!(status(&answer), 403, "{answer}");
+    assert!(answer.contains("not in the allowlist"), "{answer}");
+    let (_, head) = connect(addr, &target, "");
+    assert_eq!(status(&head), 403, "{head}");
+    assert_eq!(other.connections(), 0);
+    let events = proxy.finish().record.connections;
+    assert_eq!(events.len(), 2);
+    assert!(events.iter().all(|e| e.verdict == NetworkVerdict::Denied && e.resolved.is_none()), "{events:?}");
+    assert_eq!(events[0].port, other.port());
+}
+
+#[test]
+fn a_name_not_allowed_is_refused_without_any_lookup() {
+    let server = Server::http();
+    let port = server.port();
+    let resolver = Arc::new(StaticResolver::new().with("elsewhere.test", &[loopback()]));
+    let (proxy, addr) =
+        start_proxy(&["*.allowed.test".to_owned(), format!("127.0.0.1:{port}")], resolver.clone(), Caps::default());
+    for host in ["elsewhere.test", "allowed.test", "evil-allowed.test", "allowed.test.evil.test"] {
+        let answer =
+            exchange(addr, format!("GET http://{host}:{port}/ HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes());
+        assert_eq!(status(&answer), 403, "{host}: {answer}");
+        let (_, head) = connect(addr, &format!("{host}:443"), "");
+        assert_eq!(status(&head), 403, "{host}: {head}");
+    }
+    assert!(resolver.lookups().is_empty(), "looked up {:?}", resolver.lookups());
+    assert_eq!(server.connections(), 0);
+    drop(proxy);
+}
+
+#[test]
+fn every_spelling_of_the_metadata_address_is_refused_and_never_resolved() {
+    let resolver = Arc::new(StaticResolver::new());
+    // A wildcard that would match any name: the spellings must not be names.
+    let (proxy, addr) =
+        start_proxy(&["*.a.test".to_owned(), "169.254.169.254.test".to_owned()], resolver.clone(), Caps::default());
+    let spellings = [
+        "169.254.169.254",
+        "169.254.169.254.",
+        "2852039166",
+        "0xA9FEA9FE",
+        "0xa9.0xfe.0xa9.0xfe",
+        "0251.0376.0251.0376",
+        "169.254.43518",
+        "0251.0xfe.43518",
+        "[::ffff:169.254.169.254]",
+        "[::ffff:a9fe:a9fe]",
+    ];
+    for spelling in spellings {
+        let answer = exchange(
+            addr,
+            format!("GET http://{spelling}/latest/meta-data/ HTTP/1.1\r\nHost: {spelling}\r\n\r\n").as_bytes(),
+        );
+        assert_eq!(status(&answer), 403, "{spelling}: {answer}");
+        assert!(answer.contains("169.254.169.254") && answer.contains("link-local"), "{spelling}: {answer}");
+        let (_, head) = connect(addr, &format!("{spelling}:80"), "");
+        assert_eq!(status(&head), 403, "{spelling}: {head}");
+    }
+    // Spellings that are not addresses at all are refused as such, not looked up.
+    for bad in ["0xA9FEA9FE0", "169.254.169.254.1", "0378.1.1.1"] {
+        let (_, head) = connect(addr, &format!("{bad}:80"), "");
+        assert_eq!(status(&head), 400, "{bad}: {head}");
+    }
+    assert!(resolver.lookups().is_empty(), "looked up {:?}", resolver.lookups());
+    let outcome = proxy.finish();
+    assert_eq!(outcome.record.connections.len(), 2 * spellings.len() + 3);
+    assert!(outcome.record.connections.iter().all(|e| e.verdict == NetworkVerdict::Denied && e.resolved.is_none()));
+    assert_eq!(outcome.record.connections[8].host, "0xa9.0xfe.0xa9.0xfe");
+}
+
+#[test]
+fn a_name_that_resolves_to_a_forbidden_address_is_refused_unless_that_ip_is_allowed() {
+    let server = Server::http();
+    let port = server.port();
+    let resolver = Arc::new(
+        StaticResolver::new()
+            .with("evil.test", &["10.0.0.1".parse().unwrap(), "::ffff:169.254.169.254".parse().unwrap()])
+            .with("local.test", &[loopback()]),
+    );
+    let (proxy_only_names, addr) =
+        start_proxy(&[format!("evil.test:{port}"), format!("local.test:{port}")], resolver.clone(), Caps::default());
+    let answer =
+        exchange(addr, format!("GET http://evil.test:{port}/ HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n").as_bytes());
+    assert_eq!(status(&answer), 403, "{answer}");
+    assert!(answer.contains("10.0.0.1 (private)") && answer.contains("169.254.169.254 (link-local"), "{answer}");
+    // The server really is at the address local.test names; the proxy still refuses.
+    let answer =
+        exchange(addr, format!("GET http://local.test:{port}/ HTTP/1.1\r\nHost: local.test:{port}\r\n\r\n").as_bytes());
+    assert_eq!(status(&answer), 403, "{answer}");
+    assert!(answer.contains("127.0.0.1 (loopback)"), "{answer}");
+    assert_eq!(server.connections(), 0);
+    assert_eq!(resolver.lookups(), vec!["evil.test", "local.test"]);
+    drop(proxy_only_names);
+
+    // An exact IP rule opens that address to the name.
+    let (proxy, addr) =
+        start_proxy(&[format!("local.test:{port}"), format!("127.0.0.1:{port}")], resolver, Caps::default());
+    let answer = exchange(
+        addr,
+        format!("GET http://local.test:{port}/ok HTTP/1.1\r\nHost: local.test:{port}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert_eq!(server.connections(), 1);
+    drop(proxy);
+}
+
+#[test]
+fn a_host_header_that_differs_from_the_target_is_refused() {
+    let server = Server::http();
+    let port = server.port();
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), Caps::default());
+    let target = format!("127.0.0.1:{port}");
+    for host in ["evil.example", "127.0.0.2", "127.0.0.1:1"] {
+        let (_, head) = connect(addr, &target, &format!("Host: {host}\r\n"));
+        assert_eq!(status(&head), 403, "CONNECT with Host {host}: {head}");
+        let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes());
+        assert_eq!(status(&answer), 403, "GET with Host {host}: {answer}");
+        assert!(answer.contains("differs"), "{answer}");
+    }
+    let answer = exchange(
+        addr,
+        format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nHost: evil.example\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status(&answer), 400, "{answer}");
+    let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\n\r\n").as_bytes());
+    assert_eq!(status(&answer), 400, "{answer}");
+    assert_eq!(server.connections(), 0);
+    drop(proxy);
+}
+
+#[test]
+fn a_tls_server_name_that_differs_from_the_connect_host_is_refused() {
+    let ca = TestCa::new();
+    let server = Server::https(&ca);
+    let port = server.port();
+    let resolver = Arc::new(StaticResolver::new().with("service.test", &[loopback()]));
+    let rules = [format!("127.0.0.1:{port}"), format!("service.test:{port}")];
+    let (proxy, addr) = start_proxy(&rules, resolver, Caps::default());
+
+    let (tunnel, head) = connect(addr, &format!("127.0.0.1:{port}"), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let fronted = https_get(tunnel, ca.client_config(), "localhost", "/fronted");
+    assert!(fronted.is_err(), "{fronted:?}");
+
+    let (tunnel, head) = connect(addr, &format!("service.test:{port}"), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(https_get(tunnel, ca.client_config(), "localhost", "/fronted").is_err());
+
+    // Not one byte of either ClientHello reached the server.
+    server.settle(2);
+    assert_eq!(server.log.lock().unwrap().bytes, 0);
+    assert!(server.requests().is_empty());
+    let events = proxy.finish().record.connections;
+    assert_eq!(events.len(), 2);
+    for event in &events {
+        assert_eq!(event.verdict, NetworkVerdict::Denied, "{event:?}");
+        assert_eq!(event.bytes_out, 0, "{event:?}");
+        let reason = event.reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("\"localhost\" differs"), "{reason}");
+    }
+}
+
+#[test]
+fn a_plain_request_carries_its_body_and_nothing_smuggled_after_it() {
+    let server = Server::http();
+    let port = server.port();
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), Caps::default());
+    let target = format!("127.0.0.1:{port}");
+    let smuggled = format!("GET /second HTTP/1.1\r\nHost: {target}\r\n\r\n");
+
+    let answer =
+        exchange(addr, format!("GET http://{target}/first HTTP/1.1\r\nHost: {target}\r\n\r\n{smuggled}").as_bytes());
+    assert!(answer.ends_with("hello from /first"), "{answer}");
+
+    let answer = exchange(
+        addr,
+        format!("POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nContent-Length: 5\r\n\r\nhello{smuggled}")
+            .as_bytes(),
+    );
+    assert!(answer.ends_with("\r\n\r\nhello"), "{answer}");
+
+    let chunked = "5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nTrailer: t\r\n\r\n";
+    let answer = exchange(
+        addr,
+        format!("POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}{smuggled}")
+            .as_bytes(),
+    );
+    assert!(answer.ends_with(chunked), "{answer}");
+
+    server.settle(3);
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    for request in &requests {
+        assert!(request.after.is_empty(), "smuggled: {:?}", String::from_utf8_lossy(&request.after));
+    }
+    assert_eq!(requests[2].body, chunked.as_bytes());
+
+    let answer = exchange(
+        addr,
+        format!("POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nhello")
+            .as_bytes(),
+    );
+    assert_eq!(status(&answer), 400, "{answer}");
+    assert_eq!(server.connections(), 3);
+    drop(proxy);
+}
+
+#[test]
+fn requests_that_are_not_for_a_proxy_are_bad_requests() {
+    let (proxy, addr) = start_proxy(&["127.0.0.1:80".to_owned()], no_names(), Caps::default());
+    for request in [
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "GET https://127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "GET http://user@127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "CONNECT 127.0.0.1 HTTP/1.1\r\n\r\n",
+        "CONNECT 127.0.0.1:99999 HTTP/1.1\r\n\r\n",
+        "GET http://127.0.0.1/ HTTP/1.1\r\nBad Header: x\r\n\r\n",
+        "\x16\x03\x01\x00\x05hello\r\n\r\n",
+    ] {
+        let answer = exchange(addr, request.as_bytes());
+        assert_eq!(status(&answer), 400, "{request:?}: {answer}");
+    }
+    let outcome = proxy.finish();
+    assert!(outcome.record.connections.iter().all(|e| e.verdict == NetworkVerdict::Denied && e.reason.is_some()));
+}
+
+#[test]
+fn with_no_rules_nothing_leaves() {
+    let server = Server::http();
+    let port = server.port();
+    let (proxy, addr) = start_proxy(&[], no_names(), Caps::default());
+    let target = format!("127.0.0.1:{port}");
+    let answer = exchange(addr, format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+    assert_eq!(status(&answer), 403, "{answer}");
+    let (_, head) = connect(addr, &target, "");
+    assert_eq!(status(&head), 403, "{head}");
+    assert_eq!(server.connections(), 0);
+    let outcome = proxy.finish();
+    assert!(outcome.record.allowed_hosts.is_empty());
+    assert_eq!(outcome.record.connections.len(), 2);
+}
+
+#[test]
+fn the_byte_cap_in_ends_the_download_at_the_cap() {
+    let server = Server::http();
+    let port = server.port();
+    let caps = Caps { bytes_in: 1000, ..Caps::default() };
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
+    let target = format!("127.0.0.1:{port}");
+    let answer =
+        exchange(addr, format!("GET http://{target}/big/100000 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+    assert_eq!(answer.len(), 1000);
+    assert!(proxy.limit_hit());
+    // The budget is the run's: the next connection gets nothing.
+    let answer = exchange(addr, format!("GET http://{target}/small HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+    assert_eq!(answer, "");
+    let outcome = proxy.finish();
+    assert_eq!(outcome.limits_hit, vec![Limit::NetworkBytes]);
+    let events = &outcome.record.connections;
+    assert_eq!(events[0].bytes_in, 1000);
+    assert!(events[0].reason.as_deref().unwrap_or_default().contains("cap of 1000 bytes in"), "{events:?}");
+    assert_eq!(events[1].bytes_in, 0);
+}
+
+#[test]
+fn the_byte_cap_out_stops_an_upload_at_the_cap() {
+    let server = Server::http();
+    let port = server.port();
+    let caps = Caps { bytes_out: 500, ..Caps::default() };
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
+    let target = format!("127.0.0.1:{port}");
+    let body = vec![b'u'; 10_000];
+    let mut request =
+        format!("POST http://{target}/echo HTTP/1.1\r\nHost: {target}\r\nContent-Length: {}\r\n\r\n", body.len())
+            .into_bytes();
+    request.extend_from_slice(&body);
+    let _ = exchange(addr, &request);
+    let outcome = proxy.finish();
+    assert_eq!(outcome.limits_hit, vec![Limit::NetworkBytes]);
+    assert_eq!(outcome.record.connections[0].bytes_out, 500);
+    server.settle(1);
+    assert_eq!(server.log.lock().unwrap().bytes, 500);
+}
+
+#[test]
+fn the_connection_cap_refuses_further_connections() {
+    let server = Server::http();
+    let port = server.port();
+    let caps = Caps { connections: 2, ..Caps::default() };
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
+    let target = format!("127.0.0.1:{port}");
+    let request = format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    for _ in 0..2 {
+        assert_eq!(status(&exchange(addr, request.as_bytes())), 200);
+    }
+    assert!(!proxy.limit_hit());
+    for _ in 0..3 {
+        // The refusal is written before the request is read; the client may
+        // see it or a reset, but never the server's answer.
+        let answer = exchange(addr, request.as_bytes());
+        assert!(answer.is_empty() || status(&answer) == 403, "{answer}");
+    }
+    assert!(proxy.limit_hit());
+    assert_eq!(server.connections(), 2);
+    let outcome = proxy.finish();
+    assert_eq!(outcome.limits_hit, vec![Limit::NetworkConnections]);
+    assert_eq!(outcome.record.connections.len(), 3);
+    assert!(outcome.record.connections[2].reason.as_deref().unwrap_or_default().contains("cap of 2 connections"));
+    assert_eq!(outcome.unlisted_refusals, 2);
+}
+
+#[test]
+fn slow_and_oversized_request_heads_are_cut_off() {
+    let server = Server::http();
+    let port = server.port();
+    let caps = Caps { head_timeout: Duration::from_millis(300), ..Caps::default() };
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), caps);
+
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(PATIENCE)).unwrap();
+    slow.write_all(format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHo").as_bytes()).unwrap();
+    let started = Instant::now();
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert_eq!(status(&answer), 408, "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+
+    let huge = format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(40 * 1024));
+    let answer = exchange(addr, huge.as_bytes());
+    assert_eq!(status(&answer), 431, "{answer}");
+
+    // A tunnel whose ClientHello starts and stalls is cut off too.
+    let ca = TestCa::new();
+    let tls_server = Server::https(&ca);
+    let (tls_proxy, tls_addr) = start_proxy(
+        &[format!("127.0.0.1:{}", tls_server.port())],
+        no_names(),
+        Caps { head_timeout: Duration::from_millis(300), ..Caps::default() },
+    );
+    let (mut tunnel, head) = connect(tls_addr, &format!("127.0.0.1:{}", tls_server.port()), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    tunnel.write_all(&[0x16, 3, 1, 0, 200, 1]).unwrap();
+    let mut rest = Vec::new();
+    let started = Instant::now();
+    let _ = tunnel.read_to_end(&mut rest);
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    let events = tls_proxy.finish().record.connections;
+    assert!(events[0].reason.as_deref().unwrap_or_default().contains("in time"), "{events:?}");
+    tls_server.settle(1);
+    assert_eq!(tls_server.log.lock().unwrap().bytes, 0);
+    assert_eq!(server.connections(), 0);
+    drop(proxy);
+}
+
+#[test]
+fn finish_returns_promptly_with_idle_clients_and_open_tunnels() {
+    let server = Server::http();
+    let port = server.port();
+    let (proxy, addr) = start_proxy(&[format!("127.0.0.1:{port}")], no_names(), Caps::default());
+    let idle = TcpStream::connect(addr).unwrap();
+    let (mut tunnel, head) = connect(addr, &format!("127.0.0.1:{port}"), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // Half a request through the tunnel: the server waits for the rest.
+    tunnel.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    let started = Instant::now();
+    let outcome = proxy.finish();
+    assert!(started.elapsed() < Duration::from_secs(1), "finish took {:?}", started.elapsed());
+    let events = outcome.record.connections;
+    assert_eq!(events.len(), 2, "{events:?}");
+    for event in &events {
+        assert_eq!(event.reason.as_deref(), Some("closed when the run ended"), "{event:?}");
+    }
+    assert_eq!(events[1].verdict, NetworkVerdict::Allowed);
+    assert_eq!(events[1].bytes_out, 16);
+    // Both client connections are closed.
+    let mut buffer = [0u8; 16];
+    tunnel.set_read_timeout(Some(PATIENCE)).unwrap();
+    assert_eq!(tunnel.read(&mut buffer).unwrap_or(0), 0);
+    drop(idle);
+}
+
+#[test]
+fn a_socket_that_is_not_listening_is_refused_with_a_reason() {
+    use rustix::net::{AddressFamily, SocketType, bind, socket};
+    let fd = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    bind(&fd, &std::net::SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let not_listening = std::net::TcpListener::from(fd);
+    let config = ProxyConfig::from_policy(&NetworkPolicy::default());
+    match Proxy::start(not_listening, config) {
+        Err(NetError::Listener(e)) => assert!(e.to_string().contains("not listening"), "{e}"),
+        other => panic!("expected a listener error, got {other:?}"),
+    }
+}

@@ -1,0 +1,144 @@
+//! The network from inside a sandbox: nothing by default; with an allowlist,
+//! only the named hosts, only through airlock's proxy, and never the cloud
+//! metadata endpoint or a private address.
+
+#[path = "../../crates/airlock-net/tests/common/mod.rs"]
+mod servers;
+
+use airlock::{Limit, NetworkVerdict, Policy, PolicySpec, RunRecord, Status};
+use airlock_tests::sandbox;
+use servers::{Server, TestCa};
+
+fn policy(hosts: &[String], extra: PolicySpec) -> Policy {
+    let spec = PolicySpec { allow_hosts: Some(hosts.to_vec()), ..extra };
+    Policy::from_spec(&spec, &airlock::host_facts().unwrap()).unwrap()
+}
+
+fn run(policy: Policy, code: &str, ca: Option<&TestCa>) -> RunRecord {
+    let mut policy = policy;
+    if ca.is_some() {
+        policy.env.insert("SSL_CERT_FILE".into(), "/work/ca.pem".into());
+        policy.env.insert("REQUESTS_CA_BUNDLE".into(), "/work/ca.pem".into());
+    }
+    let mut sb = sandbox(policy);
+    if let Some(ca) = ca {
+        sb.write("/work/ca.pem", &std::fs::read(ca.ca_file()).unwrap()).unwrap();
+    }
+    sb.run(code)
+}
+
+const FETCH: &str = r#"
+import json, sys, urllib.request, urllib.error
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()[:60]
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except Exception as e:
+        return type(e).__name__, str(e)[:80]
+"#;
+
+#[test]
+fn an_allowed_host_is_reached_through_the_proxy_with_urllib_and_requests() {
+    let http = Server::http();
+    let ca = TestCa::new();
+    let https = Server::https(&ca);
+    let hosts = [format!("127.0.0.1:{}", http.port()), format!("127.0.0.1:{}", https.port())];
+    let code = format!(
+        "{FETCH}\nimport os, requests\nprint(os.environ['HTTPS_PROXY'])\nprint(fetch('http://127.0.0.1:{h}/a'))\nprint(fetch('https://127.0.0.1:{s}/b'))\n\
+         r = requests.get('https://127.0.0.1:{s}/c', timeout=10)\nprint(r.status_code, r.text)",
+        h = http.port(),
+        s = https.port()
+    );
+    let record = run(policy(&hosts, PolicySpec::default()), &code, Some(&ca));
+    assert_eq!(record.status, Status::Ok, "{}\n{:?}", record.stderr, record.message);
+    let lines: Vec<&str> = record.stdout.lines().collect();
+    assert_eq!(lines[0], "http://127.0.0.1:3128");
+    assert_eq!(lines[1], "(200, 'hello from /a')");
+    assert_eq!(lines[2], "(200, 'hello from /b')");
+    assert_eq!(lines[3], "200 hello from /c");
+    let network = record.network.unwrap();
+    let allowed: Vec<_> = network.connections.iter().filter(|c| c.verdict == NetworkVerdict::Allowed).collect();
+    assert_eq!(allowed.len(), 3, "{network:?}");
+    assert!(
+        allowed.iter().all(|c| c.resolved.as_deref().is_some_and(|r| r.starts_with("127.0.0.1")) && c.bytes_in > 0)
+    );
+    assert_eq!(http.requests().len(), 1);
+}
+
+#[test]
+fn everything_else_is_refused_and_never_dialled() {
+    let http = Server::http();
+    let other = Server::http();
+    let hosts = [format!("127.0.0.1:{}", http.port()), "*.example.org".to_owned()];
+    let code = format!(
+        "{FETCH}\nfor url in ['http://127.0.0.1:{o}/', 'http://localhost:{h}/', 'http://not-allowed.test/', \
+         'http://169.254.169.254/latest/meta-data/', 'http://2852039166/', 'http://0xA9FEA9FE/', \
+         'http://0251.0376.0251.0376/', 'http://[::ffff:169.254.169.254]/', 'http://[::ffff:a9fe:a9fe]/', \
+         'http://10.0.0.1/', 'http://example.org/']:\n    print(fetch(url))",
+        o = other.port(),
+        h = http.port()
+    );
+    let record = run(policy(&hosts, PolicySpec::default()), &code, None);
+    assert_eq!(record.status, Status::Ok, "{}", record.stderr);
+    for line in record.stdout.lines() {
+        assert!(line.starts_with("(403,"), "refused with a 403: {line}\n{}", record.stdout);
+    }
+    assert_eq!(other.connections(), 0, "a port not allowed was dialled");
+    assert_eq!(http.connections(), 0, "a name resolving to loopback was dialled");
+    let network = record.network.unwrap();
+    assert!(network.connections.iter().all(|c| c.verdict == NetworkVerdict::Denied), "{network:?}");
+    assert_eq!(network.connections.len(), 11);
+}
+
+#[test]
+fn skipping_the_proxy_gets_nowhere() {
+    let http = Server::http();
+    let hosts = [format!("127.0.0.1:{}", http.port())];
+    let code = format!(
+        r#"
+import socket
+out = []
+for addr in [("127.0.0.1", {p}), ("8.8.8.8", 53), ("169.254.169.254", 80)]:
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect(addr)
+        out.append("connected")
+    except OSError as e:
+        out.append(type(e).__name__)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.sendto(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01", ("8.8.8.8", 53))
+    out.append("sent")
+except OSError as e:
+    out.append(type(e).__name__)
+print(out)
+"#,
+        p = http.port()
+    );
+    let record = run(policy(&hosts, PolicySpec::default()), &code, None);
+    assert!(!record.stdout.contains("connected") && !record.stdout.contains("sent"), "{}", record.stdout);
+    assert_eq!(http.connections(), 0);
+}
+
+#[test]
+fn the_byte_cap_ends_the_connection_and_is_reported() {
+    let http = Server::http();
+    let hosts = [format!("127.0.0.1:{}", http.port())];
+    let caps = PolicySpec { max_network_bytes_in: Some(100_000), ..PolicySpec::default() };
+    let code = format!("{FETCH}\nprint(fetch('http://127.0.0.1:{}/big/1000000'))", http.port());
+    let record = run(policy(&hosts, caps), &code, None);
+    assert!(record.limits_hit.contains(&Limit::NetworkBytes), "{record:?}");
+    let received: u64 = record.network.unwrap().connections.iter().map(|c| c.bytes_in).sum();
+    assert!(received <= 100_000, "{received}");
+}
+
+#[test]
+fn without_rules_there_is_no_proxy_and_no_network_section() {
+    let record =
+        run(Policy::default(), "import os\nprint(sorted(k for k in os.environ if 'PROXY' in k.upper()))", None);
+    assert_eq!(record.stdout.trim(), "[]");
+    assert!(record.network.is_none());
+}

@@ -1,0 +1,185 @@
+//! airlock run by an ordinary user, not root: the same sandbox through user
+//! namespaces; without a cgroup it may write to, a clear refusal unless the
+//! caller lowers the policy; with a delegated cgroup, every limit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use airlock_tests::{airlock_bin, exclusive, helper};
+use serde_json::Value;
+
+const NOBODY: u32 = 65534;
+
+/// A data directory the unprivileged user may write.
+fn user_home() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    dir
+}
+
+/// `airlock run ARGS` as user nobody, using the system's Python (the test
+/// account cannot read root's), optionally first entering `cgroups`.
+fn run_as_nobody(home: &Path, cgroups: &[PathBuf], args: &[&str]) -> Output {
+    let mut script = String::new();
+    for dir in cgroups {
+        script.push_str(&format!("echo $$ > {}/cgroup.procs && ", dir.display()));
+    }
+    script.push_str("exec setpriv --reuid=65534 --regid=65534 --clear-groups \"$@\"");
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg("sh")
+        .arg(airlock_bin())
+        .args(["run", "--json", "--python", "/usr/bin/python3"])
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("AIRLOCK_HOME", home)
+        .env("AIRLOCK_INIT", helper())
+        .current_dir(home)
+        .output()
+        .unwrap()
+}
+
+fn record(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[test]
+fn without_a_cgroup_of_its_own_the_run_is_refused_with_the_fix() {
+    let home = user_home();
+    let output = run_as_nobody(home.path(), &[], &["-c", "print('ran')"]);
+    assert_eq!(output.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cgroups is required"), "{stderr}");
+    assert!(stderr.contains("delegate a cgroup"), "names the fix: {stderr}");
+    assert!(stderr.contains("--allow-degraded cgroups"), "names the explicit way out: {stderr}");
+}
+
+#[test]
+fn lowered_explicitly_it_runs_in_the_same_namespaces_and_says_so() {
+    let home = user_home();
+    let code = r#"
+import os, socket
+print(os.getuid(), sorted(os.listdir("/proc/self/fd")), sorted(os.environ))
+print([l for l in open("/proc/self/status") if l.startswith(("CapEff", "NoNewPrivs", "Seccomp:"))])
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(("1.1.1.1", 80)); print("connected")
+except OSError as e:
+    print(type(e).__name__)
+for d in ["/home", "/root", "/etc/shadow"]:
+    print(d, os.path.exists(d))
+"#;
+    let output = run_as_nobody(home.path(), &[], &["--allow-degraded", "cgroups", "-c", code]);
+    let record = record(&output);
+    assert_eq!(record["status"], "ok", "{record}");
+    let stdout = record["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("1000 ['0', '1', '2', '3']"), "{stdout}");
+    assert!(
+        stdout.contains("CapEff:\\t0000000000000000")
+            && stdout.contains("NoNewPrivs:\\t1")
+            && stdout.contains("Seccomp:\\t2"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("OSError") && !stdout.contains("connected"), "{stdout}");
+    assert!(
+        stdout.contains("/home False") && stdout.contains("/root False") && stdout.contains("/etc/shadow False"),
+        "{stdout}"
+    );
+    assert_eq!(record["isolation"]["degraded"], serde_json::json!(["cgroups"]));
+    let layers = record["isolation"]["layers"].as_array().unwrap();
+    assert!(layers.contains(&Value::from("user_namespace")) && layers.contains(&Value::from("landlock")));
+    assert!(!layers.contains(&Value::from("cgroups")));
+    // Without a cgroup, a timeout still ends the whole tree.
+    let output = run_as_nobody(
+        home.path(),
+        &[],
+        &["--allow-degraded", "cgroups", "--timeout", "1", "--lang", "sh", "-c", "sleep 100 & sleep 100"],
+    );
+    assert_eq!(record_status(&output), "timeout");
+}
+
+fn record_status(output: &Output) -> String {
+    record(output)["status"].as_str().unwrap().to_owned()
+}
+
+/// Cgroups made for this test and handed to the unprivileged user, as an
+/// administrator (or systemd's Delegate=yes) would.
+struct Delegated(Vec<PathBuf>);
+
+impl Delegated {
+    fn new() -> Delegated {
+        let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let hierarchy = airlock_linux::Hierarchy::from_tables(
+            &std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
+            &membership,
+            None,
+            &|mount| std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default(),
+        )
+        .unwrap();
+        let name = format!("airlock-test-delegated-{}", std::process::id());
+        let parents: Vec<PathBuf> = match hierarchy {
+            airlock_linux::Hierarchy::V1 { memory, pids, cpu, cpuacct } => {
+                let mut v = vec![memory, pids, cpu];
+                v.extend(cpuacct);
+                v
+            }
+            airlock_linux::Hierarchy::V2 { parent, .. } => vec![parent],
+        };
+        let dirs: Vec<PathBuf> = parents.iter().map(|p| p.join(&name)).collect();
+        for dir in &dirs {
+            std::fs::create_dir(dir).unwrap();
+            for entry in std::iter::once(dir.clone()).chain(["cgroup.procs", "tasks"].iter().map(|f| dir.join(f))) {
+                if entry.exists() {
+                    std::os::unix::fs::chown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
+                }
+            }
+        }
+        Delegated(dirs)
+    }
+}
+
+impl Drop for Delegated {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+#[test]
+fn with_a_delegated_cgroup_every_limit_holds() {
+    let _alone = exclusive();
+    let delegated = Delegated::new();
+    let home = user_home();
+    let output = run_as_nobody(home.path(), &delegated.0, &["-c", "print('ran')"]);
+    let r = record(&output);
+    assert_eq!(r["status"], "ok", "{r}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(r["isolation"]["layers"].as_array().unwrap().contains(&Value::from("cgroups")), "{r}");
+    let output = run_as_nobody(
+        home.path(),
+        &delegated.0,
+        &["--memory", "64", "-c", "x = []\nwhile True: x.append(bytearray(8 << 20))"],
+    );
+    assert_eq!(record_status(&output), "memory_limit");
+    let output = run_as_nobody(
+        home.path(),
+        &delegated.0,
+        &["--lang", "sh", "--timeout", "3", "-c", "f() { f | f & }; f; sleep 5"],
+    );
+    let r = record(&output);
+    assert!(r["limits_hit"].as_array().unwrap().contains(&Value::from("pids")), "{r}");
+    // The runs' cgroups are gone; only the delegated ones remain, empty.
+    for dir in &delegated.0 {
+        let children: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().filter(|e| e.path().is_dir()).collect();
+        assert!(children.is_empty(), "{children:?}");
+    }
+}
