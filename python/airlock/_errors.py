@@ -41,6 +41,6 @@ class ArtifactError(SandboxError):
 
 class SandboxUnavailable(SandboxError):
     """This host cannot give the isolation asked for (a missing kernel
-    feature, network hosts on a build without the proxy, the sandbox helper
-    missing). The message says what is missing, and whether it may be
-    accepted with ``allow_degraded``."""
+    feature, no cgroup for an ordinary user, the sandbox helper missing). The
+    message says what is missing, and whether it may be accepted with
+    ``allow_degraded``."""

@@ -35,8 +35,11 @@ class Sandbox:
 
     :param network: ``False`` (the default) for no network at all, or the
         hosts the code may reach through airlock's filtering proxy:
-        ``["api.example.com", "*.example.org:443", "10.0.0.5:8080"]``. A build
-        without the proxy refuses hosts with ``SandboxUnavailable``.
+        ``["api.example.com", "*.example.org:443", "10.0.0.5:8080"]`` (without
+        a port: 443 and 80). The code finds the proxy in ``HTTP_PROXY`` and
+        ``HTTPS_PROXY``; every connection, allowed or refused, is in the
+        record's ``network``. The proxy never dials a private or metadata
+        address unless it is named as an IP literal.
     :param timeout_s: wall-clock limit per run, seconds (default 20).
     :param cpu_time_s: CPU-time limit per run over all processes, seconds (default 20).
     :param mem_mb: memory limit, MiB, no swap (default 512).

@@ -130,11 +130,10 @@ def test_copying_in_never_follows_a_planted_link(sandbox, tmp_path):
     assert os.listdir(target) == []
 
 
-def test_network_hosts_are_refused_or_filtered():
-    """Until the network proxy is in this build, asking for hosts is refused
-    with SandboxUnavailable when the code runs; once it is, only the allowed
-    host answers. Both against real servers on loopback."""
-    allowed, denied = _Server(), _Server()
+def test_network_reaches_only_the_allowed_host():
+    """Two real servers on loopback; only the one allowed is reached, through
+    the proxy, and the record lists both attempts."""
+    allowed, other = _Server(), _Server()
     try:
         code = (
             "import urllib.request\n"
@@ -143,24 +142,20 @@ def test_network_hosts_are_refused_or_filtered():
             "        return urllib.request.urlopen(f'http://127.0.0.1:{port}/', timeout=5).read().decode()\n"
             "    except Exception as e:\n"
             "        return type(e).__name__\n"
-            f"(fetch({allowed.port}), fetch({denied.port}))"
+            f"(fetch({allowed.port}), fetch({other.port}))"
         )
         with Sandbox(network=[f"127.0.0.1:{allowed.port}"]) as sb:
-            try:
-                out = sb.run(code)
-            except SandboxUnavailable as refused:
-                assert "network" in str(refused)
-                assert refused.result.status == "sandbox_error"
-                assert refused.result.record["policy"]["allow_hosts"] == [f"127.0.0.1:{allowed.port}"]
-                assert (allowed.hits, denied.hits) == (0, 0)
-            else:
-                assert out.ok, out.stderr
-                assert eval(out.value)[0] == "hello from the allowed host"
-                assert eval(out.value)[1] != "hello from the allowed host"
-                assert denied.hits == 0
+            out = sb.run(code)
+        assert out.ok, out.stderr
+        assert out.value == "('hello from the allowed host', 'HTTPError')"
+        assert (allowed.hits, other.hits) == (1, 0)
+        network = out.record["network"]
+        assert network["allowed_hosts"] == [f"127.0.0.1:{allowed.port}"]
+        verdicts = [(c["port"], c["verdict"]) for c in network["connections"]]
+        assert verdicts == [(allowed.port, "allowed"), (other.port, "denied")]
     finally:
         allowed.stop()
-        denied.stop()
+        other.stop()
 
 
 def test_without_network_nothing_is_reachable(sandbox):
