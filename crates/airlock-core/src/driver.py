@@ -20,6 +20,7 @@ _DRIVER_FILE = __file__
 
 
 def _run():
+    _enter_work_dir()
     code_path, display_name, report_path = sys.argv[1], sys.argv[2], sys.argv[3]
     value_cap, max_figures, figure_cap = (int(x) for x in sys.argv[4:7])
     report = {}
@@ -65,7 +66,13 @@ def _run():
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     sys.argv = [display_name]
-    sys.path[0] = ""
+    # The code's folder replaces the driver's on the import path. An
+    # interpreter that did not put the script's folder first (WASI's runs
+    # with safe_path) keeps its path whole, the code's folder added in front.
+    if sys.path and sys.path[0] == _DRIVER_FILE.rpartition("/")[0]:
+        sys.path[0] = ""
+    else:
+        sys.path.insert(0, "")
 
     exit_code = 0
     try:
@@ -98,6 +105,16 @@ def _run():
     if report or figures:
         _write_report(report_path, report, figures)
     return exit_code
+
+
+def _enter_work_dir():
+    """Moves to AIRLOCK_CWD when the backend sets it (WASI has no working
+    directory to inherit), and removes it, so the code sees only its own env."""
+    import os
+
+    cwd = os.environ.pop("AIRLOCK_CWD", None)
+    if cwd:
+        os.chdir(cwd)
 
 
 def _split_last_expression(source, filename):
@@ -220,4 +237,19 @@ def _install_matplotlib_backend(capture):
 
 
 if __name__ == "__main__":
-    sys.exit(_run())
+    _exit_code_ = _run()
+    if sys.platform == "wasi":
+        # A WASI guest is discarded after its run, and has no threads to
+        # wait for: skip the interpreter's teardown (a third of a small
+        # job's time) after doing what an exit must still do.
+        import atexit
+        import os
+
+        atexit._run_exitfuncs()
+        for _stream_ in (sys.stdout, sys.stderr):
+            try:
+                _stream_.flush()
+            except Exception:
+                pass
+        os._exit(_exit_code_)
+    sys.exit(_exit_code_)
