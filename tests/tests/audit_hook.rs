@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use airlock::audit::{AuditStore, ListFilter};
-use airlock::{Audit, Policy, RunRequest, Status, Unrecorded};
+use airlock::{Audit, Policy, RunError, RunRequest, Status};
 use airlock_tests::{airlock_command, sandbox};
 
 #[test]
@@ -34,12 +34,12 @@ fn a_run_that_cannot_be_recorded_says_so() {
     let mut sb = sandbox(Policy::default());
     // A principal the store refuses: the append fails after the run.
     sb.set_audit(Some(Audit { store: store.clone(), principal: Some("bad\nname".into()) }));
-    match sb.run_recorded(&RunRequest::python("print('ran')")) {
-        Err(Unrecorded { record, error }) => {
+    match sb.run_checked(&RunRequest::python("print('ran')")).map_err(|e| *e) {
+        Err(RunError::Unrecorded { record, error }) => {
             assert_eq!(record.stdout, "ran\n", "the record is kept whole");
             assert!(error.to_string().contains("principal"), "{error}");
         }
-        Ok(record) => panic!("recorded with a bad principal: {record:?}"),
+        other => panic!("recorded with a bad principal: {other:?}"),
     }
     let record = sb.run_request(&RunRequest::python("print('again')"));
     assert_eq!(record.status, Status::Ok);

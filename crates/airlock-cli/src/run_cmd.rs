@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use airlock::audit::AuditStore;
 use airlock::{
-    Audit, Language, Output, Policy, PolicySpec, RunRecord, RunRequest, SandboxOptions, SandboxPath, Status, Unrecorded,
+    Audit, Language, Output, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxOptions, SandboxPath, Status,
 };
 use anyhow::{Context, bail};
 use clap::Args;
@@ -152,9 +152,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let request = RunRequest { code, language, stdin, cwd: None, display_name: Some(display_name), outputs };
     // A run that could not be recorded is shown, then fails the command.
-    let (mut record, unrecorded) = match sandbox.run_recorded(&request) {
+    let (mut record, unrecorded) = match sandbox.run_checked(&request) {
         Ok(record) => (record, None),
-        Err(Unrecorded { record, error }) => (*record, Some(error)),
+        Err(failure) => match *failure {
+            RunError::Sandbox { record, .. } => (*record, None),
+            RunError::Unrecorded { record, error } => (*record, Some(error)),
+        },
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);

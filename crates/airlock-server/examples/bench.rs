@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
                                 sandbox
                                     .set_audit(Some(Audit { store: store.clone(), principal: Some("bench".into()) }));
                             }
-                            let record = sandbox.run_recorded(&airlock::RunRequest::python(CODE));
+                            let record = sandbox.run_checked(&airlock::RunRequest::python(CODE));
                             record.is_ok_and(|r| r.ok() && r.stdout == "2\n")
                         }
                         "http" => {

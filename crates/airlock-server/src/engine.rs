@@ -184,20 +184,25 @@ impl Engine {
         for (path, data) in &files {
             sandbox.write(&path.to_string(), data).map_err(|error| RunError::Sandbox(error.to_string()))?;
         }
-        let result = sandbox.run_recorded(&request);
+        // A run the sandbox could not carry out still has its record (status
+        // sandbox_error), recorded and returned like any other.
+        let result = match sandbox.run_checked(&request) {
+            Ok(record) => Ok(record),
+            Err(failure) => match *failure {
+                airlock::RunError::Sandbox { record, .. } => Ok(*record),
+                airlock::RunError::Unrecorded { record, error } => Err((record, error)),
+            },
+        };
         let record = match &result {
             Ok(record) => record,
-            Err(unrecorded) => {
+            Err((record, _)) => {
                 self.metrics.record_audit_failure();
-                &unrecorded.record
+                record
             }
         };
         self.metrics.record_run(record.status, record.usage.wall_ms);
         drop(sandbox);
-        result.map_err(|unrecorded| RunError::Unrecorded {
-            run_id: unrecorded.record.id.clone(),
-            error: unrecorded.error,
-        })
+        result.map_err(|(record, error)| RunError::Unrecorded { run_id: record.id.clone(), error })
     }
 
     fn prepare(&self, job: RunJob) -> Result<Prepared, RunError> {

@@ -15,7 +15,7 @@
 //! [`airlock::PolicySpec`], checked against the operator's ceiling with
 //! [`airlock::PolicySpec::check_within`] and applied over the operator's
 //! defaults, and an [`airlock::RunRequest`]; the facade runs it and records
-//! it ([`airlock::Sandbox::run_recorded`]). A run that could not be recorded
+//! it ([`airlock::Sandbox::run_checked`]). A run that could not be recorded
 //! is not returned: the answer is 500, or 507 when the disk is full.
 //!
 //! Runs go on blocking threads, at most `concurrency` at once, with at most

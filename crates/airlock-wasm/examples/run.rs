@@ -16,26 +16,19 @@ use airlock_wasm::WasmBackend;
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let mut code = None;
-    let mut policy = Policy {
-        backend: airlock_policy::BackendKind::Wasm,
-        ..Policy::default()
-    };
+    let mut policy = Policy { backend: airlock_policy::BackendKind::Wasm, ..Policy::default() };
     let mut inputs = Vec::new();
     let mut quiet = false;
     while let Some(arg) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| anyhow::anyhow!("{arg} needs a value"))
-        };
+        let mut value = || args.next().ok_or_else(|| anyhow::anyhow!("{arg} needs a value"));
         match arg.as_str() {
             "-c" => code = Some(value()?),
             "--timeout" => policy.limits.wall_time = Duration::from_secs_f64(value()?.parse()?),
             "--memory-mb" => policy.limits.memory_bytes = value()?.parse::<u64>()? << 20,
             "--input" => {
                 let spec = value()?;
-                let (guest, host) = spec
-                    .split_once('=')
-                    .ok_or_else(|| anyhow::anyhow!("--input wants GUEST=HOST, got {spec}"))?;
+                let (guest, host) =
+                    spec.split_once('=').ok_or_else(|| anyhow::anyhow!("--input wants GUEST=HOST, got {spec}"))?;
                 inputs.push((SandboxPath::parse(guest)?, std::fs::read(host)?));
             }
             "--quiet" => quiet = true,
@@ -55,10 +48,7 @@ fn main() -> anyhow::Result<()> {
             sha256: airlock_core::sha256_hex(data),
         });
     }
-    let job = Job {
-        code,
-        ..Job::default()
-    };
+    let job = Job { code, ..Job::default() };
     let started_at = record::now_rfc3339();
     let execution = instance.run(&job, &KillSwitch::new())?;
     let ctx = RunContext {

@@ -6,12 +6,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use airlock_core::driver::{self, PROGRAM_DIR, REPORT_FILE, ReportCaps};
-use airlock_core::{
-    ArtifactError, Backend, Execution, Instance, Job, KillSwitch, Probe, Runtime, SandboxError,
-};
-use airlock_policy::{
-    BackendKind, HostFacts, Isolation, Language, Layer, Limit, Policy, SandboxPath, Status, Usage,
-};
+use airlock_core::{ArtifactError, Backend, Execution, Instance, Job, KillSwitch, Probe, Runtime, SandboxError};
+use airlock_policy::{BackendKind, HostFacts, Isolation, Language, Layer, Limit, Policy, SandboxPath, Status, Usage};
 use wasmtime::{Engine, InstancePre};
 
 use crate::cache::{self, WASMTIME_VERSION};
@@ -27,10 +23,8 @@ const GUEST_STDLIB_DIR: &str = "/usr/local/lib";
 /// Variables the guest needs beside the base environment, unless the
 /// runtime or the policy sets them: matplotlib draws off-screen through the
 /// driver's backend and keeps its cache in the run's /tmp.
-const GUEST_ENV: [(&str, &str); 2] = [
-    ("MPLBACKEND", "module://airlock_inline_backend"),
-    ("MPLCONFIGDIR", "/tmp/.matplotlib"),
-];
+const GUEST_ENV: [(&str, &str); 2] =
+    [("MPLBACKEND", "module://airlock_inline_backend"), ("MPLCONFIGDIR", "/tmp/.matplotlib")];
 
 /// CPython compiled to WASI, run under wasmtime. Cheap to share: the engine
 /// and the compiled interpreter are loaded once, on first use, and kept.
@@ -49,9 +43,7 @@ struct Loaded {
 
 impl std::fmt::Debug for Loaded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Loaded")
-            .field("installed", &self.installed)
-            .finish_non_exhaustive()
+        f.debug_struct("Loaded").field("installed", &self.installed).finish_non_exhaustive()
     }
 }
 
@@ -59,10 +51,7 @@ impl WasmBackend {
     /// A backend keeping its interpreter in `data_dir` (callers pass
     /// `airlock_core::paths::data_dir()`).
     pub fn new(data_dir: PathBuf) -> WasmBackend {
-        WasmBackend {
-            data_dir,
-            loaded: Mutex::new(None),
-        }
+        WasmBackend { data_dir, loaded: Mutex::new(None) }
     }
 
     /// Installs the interpreter if needed and loads it, compiling it the
@@ -72,10 +61,7 @@ impl WasmBackend {
     }
 
     fn load(&self, progress: &mut dyn FnMut(InstallProgress)) -> Result<Arc<Loaded>, SandboxError> {
-        let mut slot = self
-            .loaded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut slot = self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(loaded) = slot.as_ref() {
             return Ok(loaded.clone());
         }
@@ -89,14 +75,8 @@ impl WasmBackend {
         let module = cache::load_module(&engine, &installed, progress)
             .map_err(|e| setup("loading the compiled interpreter")(e.to_string()))?;
         let linker = guest::linker(&engine).map_err(|e| setup("linking WASI")(format!("{e:#}")))?;
-        let pre = linker
-            .instantiate_pre(&module)
-            .map_err(|e| setup("preparing the interpreter")(format!("{e:#}")))?;
-        let loaded = Arc::new(Loaded {
-            engine,
-            pre,
-            installed,
-        });
+        let pre = linker.instantiate_pre(&module).map_err(|e| setup("preparing the interpreter")(format!("{e:#}")))?;
+        let loaded = Arc::new(Loaded { engine, pre, installed });
         *slot = Some(loaded.clone());
         Ok(loaded)
     }
@@ -126,10 +106,7 @@ fn progress_on_stderr(step: InstallProgress) {
         }
         InstallProgress::Compiled { seconds, .. } => format!("compiled in {seconds:.0} s"),
         InstallProgress::CacheRejected { cache, reason } => {
-            format!(
-                "discarding the compiled interpreter {}: {reason}",
-                cache.display()
-            )
+            format!("discarding the compiled interpreter {}: {reason}", cache.display())
         }
     };
     eprintln!("airlock: {line}");
@@ -145,10 +122,7 @@ impl Backend for WasmBackend {
         let mut missing = BTreeMap::new();
         let mut details = BTreeMap::from([
             ("wasmtime".to_owned(), WASMTIME_VERSION.to_owned()),
-            (
-                "interpreter".to_owned(),
-                format!("{} {}", install::PACKAGE, install::PACKAGE_VERSION),
-            ),
+            ("interpreter".to_owned(), format!("{} {}", install::PACKAGE, install::PACKAGE_VERSION)),
         ]);
         match install::installed(&self.data_dir) {
             Ok(Some(found)) => {
@@ -156,10 +130,7 @@ impl Backend for WasmBackend {
                 details.insert("artifact_sha256".to_owned(), found.sums_sha256);
                 details.insert("python".to_owned(), found.python_version);
                 let cached = cache::cache_path_for(&found.dir, &found.snapshot_sha256).exists();
-                details.insert(
-                    "compiled".to_owned(),
-                    if cached { "cached" } else { "not yet" }.to_owned(),
-                );
+                details.insert("compiled".to_owned(), if cached { "cached" } else { "not yet" }.to_owned());
             }
             Ok(None) => {
                 // Installed automatically on first use; say so rather than refuse.
@@ -173,27 +144,12 @@ impl Backend for WasmBackend {
                 missing.insert(Layer::Wasm, e.to_string());
             }
         }
-        Ok(Probe {
-            backend: BackendKind::Wasm,
-            host: host_facts(),
-            available,
-            missing,
-            details,
-        })
+        Ok(Probe { backend: BackendKind::Wasm, host: host_facts(), available, missing, details })
     }
 
-    fn create(
-        &self,
-        policy: &Policy,
-        runtime: &Runtime,
-    ) -> Result<Box<dyn Instance>, SandboxError> {
+    fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError> {
         if policy.network.is_enabled() {
-            let hosts: Vec<String> = policy
-                .network
-                .allow
-                .iter()
-                .map(ToString::to_string)
-                .collect();
+            let hosts: Vec<String> = policy.network.allow.iter().map(ToString::to_string).collect();
             return Err(SandboxError::Unsupported {
                 backend: BACKEND,
                 what: format!("allow network access (to {})", hosts.join(", ")),
@@ -203,36 +159,21 @@ impl Backend for WasmBackend {
             });
         }
         let loaded = self.load(&mut progress_on_stderr)?;
-        let (work, work_fd) = files::private_dir("airlock-wasm-work-")
-            .map_err(|e| SandboxError::io("making the work directory", e))?;
+        let (work, work_fd) =
+            files::private_dir("airlock-wasm-work-").map_err(|e| SandboxError::io("making the work directory", e))?;
         let mut env = runtime.environment(&policy.env);
         for (key, value) in GUEST_ENV {
-            env.entry(key.to_owned())
-                .or_insert_with(|| value.to_owned());
+            env.entry(key.to_owned()).or_insert_with(|| value.to_owned());
         }
-        Ok(Box::new(WasmInstance {
-            loaded,
-            policy: policy.clone(),
-            env,
-            work,
-            work_fd,
-            copied_in: 0,
-        }))
+        Ok(Box::new(WasmInstance { loaded, policy: policy.clone(), env, work, work_fd, copied_in: 0 }))
     }
 }
 
 fn host_facts() -> HostFacts {
-    let memory_bytes = rustix::system::sysinfo()
-        .totalram
-        .saturating_mul(u64::from(rustix::system::sysinfo().mem_unit));
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1);
+    let memory_bytes = rustix::system::sysinfo().totalram.saturating_mul(u64::from(rustix::system::sysinfo().mem_unit));
+    let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
     let read_u32 = |path: &str, default: u32| {
-        std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(default)
+        std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default)
     };
     HostFacts {
         memory_bytes,
@@ -260,10 +201,7 @@ impl WasmInstance {
         let limits = &self.policy.limits;
         let details = BTreeMap::from([
             ("artifact_sha256".to_owned(), installed.sums_sha256.clone()),
-            (
-                "snapshot_sha256".to_owned(),
-                installed.snapshot_sha256.clone(),
-            ),
+            ("snapshot_sha256".to_owned(), installed.snapshot_sha256.clone()),
             ("wasmtime".to_owned(), WASMTIME_VERSION.to_owned()),
             ("python".to_owned(), installed.python_version.clone()),
             (
@@ -298,31 +236,17 @@ impl WasmInstance {
                     guest::TICK.as_millis()
                 ),
             ),
-            (
-                "processes".to_owned(),
-                "none: WASI has no process or thread creation".to_owned(),
-            ),
-            (
-                "network".to_owned(),
-                "none: WASI preview 1 has no sockets".to_owned(),
-            ),
+            ("processes".to_owned(), "none: WASI has no process or thread creation".to_owned()),
+            ("network".to_owned(), "none: WASI preview 1 has no sockets".to_owned()),
         ]);
-        Isolation {
-            backend: BACKEND.to_owned(),
-            layers: vec![Layer::Wasm],
-            degraded: Vec::new(),
-            details,
-        }
+        Isolation { backend: BACKEND.to_owned(), layers: vec![Layer::Wasm], degraded: Vec::new(), details }
     }
 }
 
 impl Instance for WasmInstance {
     fn write(&mut self, path: &SandboxPath, data: &[u8]) -> Result<(), SandboxError> {
         let limits = &self.policy.limits;
-        let input = |reason: String| SandboxError::Input {
-            path: path.to_string(),
-            reason,
-        };
+        let input = |reason: String| SandboxError::Input { path: path.to_string(), reason };
         if data.len() as u64 > limits.file_bytes {
             return Err(input(format!(
                 "{} bytes is above max_file_bytes ({}); raise it or send less",
@@ -337,14 +261,11 @@ impl Instance for WasmInstance {
                 limits.files_total_bytes
             )));
         }
-        files::write_beneath(&self.work_fd, path.relative(), data).map_err(|e| {
-            match e.raw_os_error() {
-                Some(code) if code == libc_eloop() => input(
-                    "a component of the path is a symbolic link, which is never followed"
-                        .to_owned(),
-                ),
-                _ => input(e.to_string()),
+        files::write_beneath(&self.work_fd, path.relative(), data).map_err(|e| match e.raw_os_error() {
+            Some(code) if code == libc_eloop() => {
+                input("a component of the path is a symbolic link, which is never followed".to_owned())
             }
+            _ => input(e.to_string()),
         })?;
         self.copied_in = total;
         Ok(())
@@ -373,30 +294,18 @@ impl Instance for WasmInstance {
 
         // A fresh private root per run: / and /tmp for the guest, and the
         // driver's folder. Nothing a run leaves there reaches the next.
-        let (root, root_fd) = files::private_dir("airlock-wasm-root-")
-            .map_err(|e| SandboxError::io("making the guest's root", e))?;
+        let (root, root_fd) =
+            files::private_dir("airlock-wasm-root-").map_err(|e| SandboxError::io("making the guest's root", e))?;
         let program_dir = PROGRAM_DIR.trim_start_matches('/');
         for file in &program.files {
-            files::write_beneath(
-                &root_fd,
-                &format!("{program_dir}/{}", file.name),
-                file.content.as_bytes(),
-            )
-            .map_err(|e| SandboxError::io(format!("writing {PROGRAM_DIR}/{}", file.name), e))?;
+            files::write_beneath(&root_fd, &format!("{program_dir}/{}", file.name), file.content.as_bytes())
+                .map_err(|e| SandboxError::io(format!("writing {PROGRAM_DIR}/{}", file.name), e))?;
         }
-        std::fs::create_dir(root.path().join("tmp"))
-            .map_err(|e| SandboxError::io("making /tmp", e))?;
+        std::fs::create_dir(root.path().join("tmp")).map_err(|e| SandboxError::io("making /tmp", e))?;
 
         let installed = &self.loaded.installed;
-        let cwd = job
-            .cwd
-            .as_ref()
-            .map_or_else(|| "/work".to_owned(), ToString::to_string);
-        let mut env: Vec<(String, String)> = self
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let cwd = job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string);
+        let mut env: Vec<(String, String)> = self.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         // WASI has no working directory of its own: wasi-libc starts at the
         // root, so the driver moves to the job's folder first.
         env.push(("AIRLOCK_CWD".to_owned(), cwd));
@@ -405,49 +314,24 @@ impl Instance for WasmInstance {
             env,
             stdin: job.stdin.clone(),
             preopens: vec![
-                Preopen {
-                    host: installed.stdlib_dir.clone(),
-                    guest: GUEST_STDLIB_DIR.to_owned(),
-                    writable: false,
-                },
+                Preopen { host: installed.stdlib_dir.clone(), guest: GUEST_STDLIB_DIR.to_owned(), writable: false },
                 Preopen {
                     host: installed.mpl_data.clone(),
-                    guest: format!(
-                        "{GUEST_STDLIB_DIR}/{}/matplotlib/mpl-data",
-                        installed.stdlib_name
-                    ),
+                    guest: format!("{GUEST_STDLIB_DIR}/{}/matplotlib/mpl-data", installed.stdlib_name),
                     writable: false,
                 },
-                Preopen {
-                    host: root.path().to_owned(),
-                    guest: "/".to_owned(),
-                    writable: true,
-                },
-                Preopen {
-                    host: self.work.path().to_owned(),
-                    guest: "/work".to_owned(),
-                    writable: true,
-                },
+                Preopen { host: root.path().to_owned(), guest: "/".to_owned(), writable: true },
+                Preopen { host: self.work.path().to_owned(), guest: "/work".to_owned(), writable: true },
             ],
             writable: vec![root.path().to_owned(), self.work.path().to_owned()],
             limits: self.policy.limits.clone(),
         };
-        let outcome =
-            guest::run(&self.loaded.engine, &self.loaded.pre, spec, kill).map_err(|detail| {
-                SandboxError::Setup {
-                    step: "running the guest".to_owned(),
-                    detail,
-                }
-            })?;
+        let outcome = guest::run(&self.loaded.engine, &self.loaded.pre, spec, kill)
+            .map_err(|detail| SandboxError::Setup { step: "running the guest".to_owned(), detail })?;
 
         let report = if program.reports {
             let report_path = format!("{program_dir}/{REPORT_FILE}");
-            match files::read_beneath(
-                &root_fd,
-                &report_path,
-                caps.report_bytes as u64,
-                "the driver's report",
-            ) {
+            match files::read_beneath(&root_fd, &report_path, caps.report_bytes as u64, "the driver's report") {
                 Ok(bytes) => Some(driver::parse_report(&bytes, &caps)),
                 Err(ArtifactError::NotFound { .. }) => None,
                 Err(e) => Some(airlock_core::driver::DriverReport {
@@ -463,11 +347,7 @@ impl Instance for WasmInstance {
 }
 
 impl WasmInstance {
-    fn execution(
-        &self,
-        outcome: guest::Outcome,
-        report: Option<airlock_core::driver::DriverReport>,
-    ) -> Execution {
+    fn execution(&self, outcome: guest::Outcome, report: Option<airlock_core::driver::DriverReport>) -> Execution {
         let limits = &self.policy.limits;
         let mut limits_hit = BTreeSet::new();
         if outcome.output_truncated {
@@ -476,13 +356,9 @@ impl WasmInstance {
         let (status, exit_code, message) = match &outcome.ending {
             Ending::Exited(0) => (Status::Ok, Some(0), None),
             Ending::Exited(code) => (Status::Failed, Some(*code), None),
-            Ending::Trapped(trap) => (
-                Status::Failed,
-                None,
-                Some(format!(
-                    "the interpreter stopped with a WebAssembly trap: {trap}"
-                )),
-            ),
+            Ending::Trapped(trap) => {
+                (Status::Failed, None, Some(format!("the interpreter stopped with a WebAssembly trap: {trap}")))
+            }
             Ending::Stopped(stop) => {
                 let (status, limit, message) = match stop {
                     Stop::WallTime => (
@@ -513,10 +389,7 @@ impl WasmInstance {
                     Stop::Output => (
                         Status::OutputLimit,
                         Some(Limit::Output),
-                        format!(
-                            "the output passed its cap of {} bytes and the run was stopped",
-                            limits.output_bytes
-                        ),
+                        format!("the output passed its cap of {} bytes and the run was stopped", limits.output_bytes),
                     ),
                     Stop::Disk => (
                         Status::Failed,
@@ -537,16 +410,9 @@ impl WasmInstance {
                     Stop::OpenFiles => (
                         Status::Failed,
                         Some(Limit::OpenFiles),
-                        format!(
-                            "the run held more than {} files open and was stopped",
-                            limits.open_files
-                        ),
+                        format!("the run held more than {} files open and was stopped", limits.open_files),
                     ),
-                    Stop::Killed => (
-                        Status::Failed,
-                        None,
-                        "the run was stopped by its caller".to_owned(),
-                    ),
+                    Stop::Killed => (Status::Failed, None, "the run was stopped by its caller".to_owned()),
                 };
                 if let Some(limit) = limit {
                     limits_hit.insert(limit);

@@ -38,32 +38,20 @@ pub enum CacheError {
     Engine(String),
     #[error("compiling {module} failed: {reason}")]
     Compile { module: PathBuf, reason: String },
-    #[error(
-        "the snapshot does not match its listed SHA-256; reinstall with `airlock backend install wasm`: {0}"
-    )]
+    #[error("the snapshot does not match its listed SHA-256; reinstall with `airlock backend install wasm`: {0}")]
     Snapshot(#[from] crate::install::InstallError),
     #[error("{context}: {source}")]
-    Io {
-        context: String,
-        source: std::io::Error,
-    },
+    Io { context: String, source: std::io::Error },
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> CacheError {
-    move |source| CacheError::Io {
-        context: context.into(),
-        source,
-    }
+    move |source| CacheError::Io { context: context.into(), source }
 }
 
 /// The one engine configuration every module is compiled and run with.
 pub fn engine() -> Result<Engine, CacheError> {
     let mut config = Config::new();
-    config
-        .epoch_interruption(true)
-        .wasm_exceptions(true)
-        .max_wasm_stack(WASM_STACK)
-        .async_stack_size(ASYNC_STACK);
+    config.epoch_interruption(true).wasm_exceptions(true).max_wasm_stack(WASM_STACK).async_stack_size(ASYNC_STACK);
     Engine::new(&config).map_err(|e| CacheError::Engine(format!("{e:#}")))
 }
 
@@ -94,10 +82,7 @@ pub fn load_module(
         Ok(Some(module)) => return Ok(module),
         Ok(None) => {}
         Err(reason) => {
-            progress(InstallProgress::CacheRejected {
-                cache: cache.clone(),
-                reason,
-            });
+            progress(InstallProgress::CacheRejected { cache: cache.clone(), reason });
             let _ = fs::remove_file(&cache);
             let _ = fs::remove_file(check_path(&cache));
         }
@@ -109,10 +94,7 @@ pub fn load_module(
             module: installed.snapshot.clone(),
             reason: format!("{} vanished right after it was written", cache.display()),
         }),
-        Err(reason) => Err(CacheError::Compile {
-            module: installed.snapshot.clone(),
-            reason,
-        }),
+        Err(reason) => Err(CacheError::Compile { module: installed.snapshot.clone(), reason }),
     }
 }
 
@@ -137,9 +119,7 @@ fn trusted(engine: &Engine, cache: &Path) -> Result<Option<Module>, String> {
     };
     // Checked on the open descriptor, which is what wasmtime maps: a rename
     // over the path after this point does not change what is loaded.
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot stat it: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
     if !meta.is_file() {
         return Err("it is not a regular file".to_owned());
     }
@@ -148,15 +128,10 @@ fn trusted(engine: &Engine, cache: &Path) -> Result<Option<Module>, String> {
         .and_then(|bytes| serde_json::from_slice(&bytes).ok())
         .ok_or("its check record is missing or unreadable")?;
     if record.get("stamp") != Some(&stamp(&meta)) {
-        let recorded = record
-            .get("sha256")
-            .and_then(|v| v.as_str())
-            .ok_or("its check record has no sha256")?;
+        let recorded = record.get("sha256").and_then(|v| v.as_str()).ok_or("its check record has no sha256")?;
         let found = hash_reader(&mut file).map_err(|e| format!("cannot read it: {e}"))?;
         if found != recorded {
-            return Err(format!(
-                "its SHA-256 is {found}, not the {recorded} it was written with"
-            ));
+            return Err(format!("its SHA-256 is {found}, not the {recorded} it was written with"));
         }
         // Same content, new identity (copied, restored from a backup): trust
         // it under its new stamp.
@@ -169,9 +144,7 @@ fn trusted(engine: &Engine, cache: &Path) -> Result<Option<Module>, String> {
     // compatibility itself). The cache is only ever replaced by rename, never
     // written in place, so the mapped file cannot change under the module.
     let module = unsafe { Module::deserialize_open_file(engine, file) };
-    module
-        .map(Some)
-        .map_err(|e| format!("wasmtime refused it: {e:#}"))
+    module.map(Some).map_err(|e| format!("wasmtime refused it: {e:#}"))
 }
 
 fn write_record(cache: &Path, sha256: &str, meta: &fs::Metadata) -> std::io::Result<()> {
@@ -191,43 +164,25 @@ fn compile(
     cache: &Path,
     progress: &mut dyn FnMut(InstallProgress),
 ) -> Result<(), CacheError> {
-    let failed = |reason: String| CacheError::Compile {
-        module: installed.snapshot.clone(),
-        reason,
-    };
+    let failed = |reason: String| CacheError::Compile { module: installed.snapshot.clone(), reason };
     check_file_sha256(&installed.snapshot, &installed.snapshot_sha256)?;
-    progress(InstallProgress::Compiling {
-        module: installed.snapshot.clone(),
-    });
+    progress(InstallProgress::Compiling { module: installed.snapshot.clone() });
     let started = Instant::now();
-    let wasm = fs::read(&installed.snapshot)
-        .map_err(io_err(format!("reading {}", installed.snapshot.display())))?;
-    let native = engine
-        .precompile_module(&wasm)
-        .map_err(|e| failed(format!("{e:#}")))?;
+    let wasm = fs::read(&installed.snapshot).map_err(io_err(format!("reading {}", installed.snapshot.display())))?;
+    let native = engine.precompile_module(&wasm).map_err(|e| failed(format!("{e:#}")))?;
     drop(wasm);
     let sha256 = airlock_core::sha256_hex(&native);
     let dir = cache.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
         .prefix(".compiled-")
         .tempfile_in(dir)
-        .map_err(io_err(format!(
-            "making a temporary file in {}",
-            dir.display()
-        )))?;
-    tmp.write_all(&native)
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(io_err("writing the compiled module"))?;
+        .map_err(io_err(format!("making a temporary file in {}", dir.display())))?;
+    tmp.write_all(&native).and_then(|()| tmp.as_file().sync_all()).map_err(io_err("writing the compiled module"))?;
     drop(native);
-    tmp.persist(cache).map_err(|e| {
-        io_err(format!("moving the compiled module to {}", cache.display()))(e.error)
-    })?;
+    tmp.persist(cache).map_err(|e| io_err(format!("moving the compiled module to {}", cache.display()))(e.error))?;
     // The stamp is taken after the rename, which may itself move ctime.
     let meta = fs::metadata(cache).map_err(io_err(format!("reading {}", cache.display())))?;
     write_record(cache, &sha256, &meta).map_err(io_err("writing the cache's check record"))?;
-    progress(InstallProgress::Compiled {
-        cache: cache.to_owned(),
-        seconds: started.elapsed().as_secs_f64(),
-    });
+    progress(InstallProgress::Compiled { cache: cache.to_owned(), seconds: started.elapsed().as_secs_f64() });
     Ok(())
 }

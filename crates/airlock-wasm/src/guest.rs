@@ -62,12 +62,7 @@ struct MemoryGuard {
 }
 
 impl wasmtime::ResourceLimiter for MemoryGuard {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.cap {
             self.refused = Some(desired);
             // A trap, not a failed grow: the run ends as `memory_limit`, as
@@ -82,12 +77,7 @@ impl wasmtime::ResourceLimiter for MemoryGuard {
         Ok(true)
     }
 
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         // Table elements are 8 bytes of host memory each: bounded by the
         // memory cap too.
         Ok(desired.saturating_mul(8) <= self.cap)
@@ -158,9 +148,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<wasmtime::Linker<Guest
     let mut linker = wasmtime::Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state: &mut GuestState| &mut state.wasi)?;
     // The door to host tools: -1 says "no host handler".
-    linker.func_wrap("host", "call", |_: i32, _: i32, _: i32, _: i32| -> i32 {
-        -1
-    })?;
+    linker.func_wrap("host", "call", |_: i32, _: i32, _: i32, _: i32| -> i32 { -1 })?;
     Ok(linker)
 }
 
@@ -179,9 +167,7 @@ pub(crate) fn run(
         .stack_size(GUEST_THREAD_STACK)
         .spawn(move || run_here(&engine, &pre, spec, &kill))
         .map_err(|e| format!("could not start the guest thread: {e}"))?;
-    thread
-        .join()
-        .map_err(|_| "the guest thread panicked".to_owned())?
+    thread.join().map_err(|_| "the guest thread panicked".to_owned())?
 }
 
 fn run_here(
@@ -206,21 +192,13 @@ fn run_here(
         .stdout(stdout.clone())
         .stderr(stderr.clone());
     for p in &spec.preopens {
-        let perms = if p.writable {
-            FsPerms::ReadWrite
-        } else {
-            FsPerms::ReadOnly
-        };
+        let perms = if p.writable { FsPerms::ReadWrite } else { FsPerms::ReadOnly };
         wasi.preopened_dir(&p.host, &p.guest, perms)
             .map_err(|e| format!("could not open {} for the guest: {e:#}", p.host.display()))?;
     }
     let state = GuestState {
         wasi: wasi.build_p1(),
-        memory: MemoryGuard {
-            cap: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
-            peak: 0,
-            refused: None,
-        },
+        memory: MemoryGuard { cap: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX), peak: 0, refused: None },
         stop: None,
     };
 
@@ -249,9 +227,7 @@ fn run_here(
     }));
     let watched = watch.clone();
     store.epoch_deadline_callback(move |mut ctx| {
-        let mut watch = watched
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut watch = watched.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match watch.check() {
             Some(stop) => {
                 ctx.data_mut().stop = Some(stop);
@@ -269,9 +245,7 @@ fn run_here(
             let instance = pre.instantiate_async(&mut store).await?;
             // Looked up as an option: a failed typed lookup builds an error.
             if let Some(init) = instance.get_func(&mut store, "_initialize") {
-                init.typed::<(), ()>(&store)?
-                    .call_async(&mut store, ())
-                    .await?;
+                init.typed::<(), ()>(&store)?.call_async(&mut store, ()).await?;
             }
             let run = instance.get_typed_func::<(), i32>(&mut store, "run")?;
             run.call_async(&mut store, ()).await
@@ -281,10 +255,7 @@ fn run_here(
         let watch_waiting = async {
             loop {
                 tokio::time::sleep(TICK).await;
-                let stop = watch
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .check();
+                let stop = watch.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).check();
                 if let Some(stop) = stop {
                     return stop;
                 }
@@ -296,17 +267,13 @@ fn run_here(
         }
     });
     let wall = started.elapsed();
-    let cpu = thread_cpu_time()
-        .zip(cpu_start)
-        .map(|(end, start)| end.saturating_sub(start));
+    let cpu = thread_cpu_time().zip(cpu_start).map(|(end, start)| end.saturating_sub(start));
 
     let state = store.data();
     let ending = match result {
         Err(stop) => Ending::Stopped(stop),
         Ok(_) if state.memory.refused.is_some() => Ending::Stopped(Stop::Memory),
-        Ok(_) if kill_on_overflow && overflowed.load(Ordering::SeqCst) => {
-            Ending::Stopped(Stop::Output)
-        }
+        Ok(_) if kill_on_overflow && overflowed.load(Ordering::SeqCst) => Ending::Stopped(Stop::Output),
         Ok(_) if state.stop.is_some() => Ending::Stopped(state.stop.unwrap_or(Stop::Killed)),
         Ok(Ok(code)) => Ending::Exited(code),
         Ok(Err(error)) => match error.downcast_ref::<I32Exit>() {
@@ -343,13 +310,7 @@ fn run_here(
 fn trap_text(error: &wasmtime::Error) -> String {
     match error.downcast_ref::<wasmtime::Trap>() {
         Some(trap) => trap.to_string(),
-        None => format!("{error:#}")
-            .lines()
-            .next()
-            .unwrap_or("")
-            .chars()
-            .take(500)
-            .collect(),
+        None => format!("{error:#}").lines().next().unwrap_or("").chars().take(500).collect(),
     }
 }
 
@@ -389,21 +350,13 @@ impl Watch {
         if Instant::now() >= self.deadline {
             return Some(Stop::WallTime);
         }
-        if self.limits.output_overflow == OutputOverflow::Kill
-            && self.overflowed.load(Ordering::SeqCst)
-        {
+        if self.limits.output_overflow == OutputOverflow::Kill && self.overflowed.load(Ordering::SeqCst) {
             return Some(Stop::Output);
         }
-        if self
-            .cpu_used()
-            .is_some_and(|used| used >= self.limits.cpu_time)
-        {
+        if self.cpu_used().is_some_and(|used| used >= self.limits.cpu_time) {
             return Some(Stop::CpuTime);
         }
-        let opened = self
-            .open_files_before
-            .zip(open_descriptors())
-            .map(|(before, now)| now.saturating_sub(before));
+        let opened = self.open_files_before.zip(open_descriptors()).map(|(before, now)| now.saturating_sub(before));
         if opened.is_some_and(|opened| opened > self.limits.open_files as usize) {
             return Some(Stop::OpenFiles);
         }
@@ -414,9 +367,7 @@ impl Watch {
     }
 
     fn cpu_used(&self) -> Option<Duration> {
-        thread_cpu_time()
-            .zip(self.cpu_start)
-            .map(|(now, start)| now.saturating_sub(start))
+        thread_cpu_time().zip(self.cpu_start).map(|(now, start)| now.saturating_sub(start))
     }
 
     /// Holds the guest to `cpus` of one core when that is below 1: after
@@ -440,9 +391,7 @@ impl Watch {
 
 /// How many descriptors this process holds.
 fn open_descriptors() -> Option<usize> {
-    std::fs::read_dir("/proc/self/fd")
-        .ok()
-        .map(|entries| entries.count())
+    std::fs::read_dir("/proc/self/fd").ok().map(|entries| entries.count())
 }
 
 /// The CPU time this thread has used.
@@ -475,10 +424,7 @@ impl Ticker {
                 }
             })
             .map_err(|e| format!("could not start the epoch ticker: {e}"))?;
-        Ok(Ticker {
-            stop,
-            thread: Some(thread),
-        })
+        Ok(Ticker { stop, thread: Some(thread) })
     }
 }
 
@@ -503,19 +449,12 @@ struct CaptureStream {
 
 impl CaptureStream {
     fn new(cap: u64, kill_on_overflow: bool, overflowed: Arc<AtomicBool>) -> CaptureStream {
-        CaptureStream {
-            inner: Arc::new(Mutex::new(CappedBuffer::new(cap))),
-            kill_on_overflow,
-            overflowed,
-        }
+        CaptureStream { inner: Arc::new(Mutex::new(CappedBuffer::new(cap))), kill_on_overflow, overflowed }
     }
 
     /// Adds `bytes`; false when the stream passed its cap and must stop.
     fn push(&self, bytes: &[u8]) -> bool {
-        let mut buffer = self
-            .inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut buffer = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         buffer.push(bytes);
         if buffer.is_over() {
             self.overflowed.store(true, Ordering::SeqCst);
@@ -525,10 +464,7 @@ impl CaptureStream {
     }
 
     fn finish(self) -> Captured {
-        let mut buffer = self
-            .inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut buffer = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         std::mem::replace(&mut *buffer, CappedBuffer::new(0)).finish()
     }
 }
@@ -559,9 +495,7 @@ impl OutputStream for CaptureStream {
         if self.push(&bytes) {
             Ok(())
         } else {
-            Err(StreamError::trap(
-                "the output passed its cap and the policy stops the run",
-            ))
+            Err(StreamError::trap("the output passed its cap and the policy stops the run"))
         }
     }
 
@@ -575,11 +509,7 @@ impl OutputStream for CaptureStream {
 }
 
 impl tokio::io::AsyncWrite for CaptureStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, _cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         if self.push(buf) {
             Poll::Ready(Ok(buf.len()))
         } else {

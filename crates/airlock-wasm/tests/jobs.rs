@@ -39,9 +39,7 @@ fn expected_weighted_median(rows: &[(u64, u64)]) -> f64 {
     for (cents, weight) in sorted {
         cumulative += weight;
         if cumulative * 2 >= total {
-            return format!("{}.{:02}", cents / 100, cents % 100)
-                .parse()
-                .unwrap();
+            return format!("{}.{:02}", cents / 100, cents % 100).parse().unwrap();
         }
     }
     unreachable!("the weights are positive")
@@ -57,17 +55,10 @@ float(df.loc[cumulative * 2 >= df["weight"].sum(), "value"].iloc[0])
 fn the_weighted_median_is_exact() {
     let (csv, rows) = weighted_median_csv();
     let mut instance = sandbox(&policy(60));
-    instance
-        .write(
-            &SandboxPath::parse("/work/data.csv").unwrap(),
-            csv.as_bytes(),
-        )
-        .unwrap();
+    instance.write(&SandboxPath::parse("/work/data.csv").unwrap(), csv.as_bytes()).unwrap();
     let e = run_in(&mut instance, WEIGHTED_MEDIAN);
     assert_eq!(e.status, Status::Ok, "{}", stderr(&e));
-    let got: f64 = value(&e)
-        .parse()
-        .unwrap_or_else(|_| panic!("a float, got {:?}", value(&e)));
+    let got: f64 = value(&e).parse().unwrap_or_else(|_| panic!("a float, got {:?}", value(&e)));
     assert_eq!(got, expected_weighted_median(&rows));
 }
 
@@ -87,8 +78,5 @@ plt.show()
     let figure = &report.figures[0];
     assert_eq!((figure.width, figure.height), (400, 300));
     assert!(figure.png.starts_with(b"\x89PNG\r\n\x1a\n"));
-    assert!(
-        figure.png.ends_with(&[0xae, 0x42, 0x60, 0x82]),
-        "the PNG ends with its IEND chunk"
-    );
+    assert!(figure.png.ends_with(&[0xae, 0x42, 0x60, 0x82]), "the PNG ends with its IEND chunk");
 }

@@ -44,14 +44,10 @@ seen
     assert_eq!(e.status, Status::Ok, "{}", stderr(&e));
     let seen = value(&e);
     assert!(!seen.contains("'read "), "a host file was read: {seen}");
-    assert!(
-        !seen.contains("'wrote'"),
-        "the interpreter's files were writable: {seen}"
-    );
+    assert!(!seen.contains("'wrote'"), "the interpreter's files were writable: {seen}");
     assert!(!seen.contains("root:"), "{seen}");
     assert!(
-        seen.contains("'ls /': ['.airlock', 'tmp', 'usr', 'work']")
-            || seen.contains("'ls /': ['.airlock', 'tmp']"),
+        seen.contains("'ls /': ['.airlock', 'tmp', 'usr', 'work']") || seen.contains("'ls /': ['.airlock', 'tmp']"),
         "{seen}"
     );
     assert!(!std::path::Path::new("/etc/airlock-wasm-escape-test").exists());
@@ -85,24 +81,15 @@ result
     let e = run(&policy(30), code);
     let shown = format!("{} / {}", value(&e), error_kind(&e));
     assert!(!shown.contains("connected"), "{shown}");
-    assert!(
-        !value(&e).is_empty() || !error_kind(&e).is_empty(),
-        "{}",
-        stderr(&e)
-    );
+    assert!(!value(&e).is_empty() || !error_kind(&e).is_empty(), "{}", stderr(&e));
 
     let mut p = policy(30);
     p.network.allow = vec![HostRule::parse("example.com").unwrap()];
     match backend().create(&p, &Runtime::default()) {
-        Err(SandboxError::Unsupported {
-            backend: "wasm",
-            reason,
-            ..
-        }) => assert!(reason.contains("no sockets"), "{reason}"),
-        other => panic!(
-            "a policy allowing hosts must be refused, got {:?}",
-            other.map(|_| ())
-        ),
+        Err(SandboxError::Unsupported { backend: "wasm", reason, .. }) => {
+            assert!(reason.contains("no sockets"), "{reason}")
+        }
+        other => panic!("a policy allowing hosts must be refused, got {:?}", other.map(|_| ())),
     }
 }
 
@@ -131,10 +118,7 @@ out
     let e = run(&policy(30), code);
     let v = value(&e);
     assert_eq!(e.status, Status::Ok, "{}", stderr(&e));
-    assert!(
-        !v.contains("'ran'") && !v.contains("'forked'") && !v.contains("'started'"),
-        "{v}"
-    );
+    assert!(!v.contains("'ran'") && !v.contains("'forked'") && !v.contains("'started'"), "{v}");
 }
 
 #[test]
@@ -148,17 +132,9 @@ fn a_fork_bomb_fails_at_once_with_a_clear_error() {
 #[test]
 fn shell_jobs_are_refused() {
     let mut instance = sandbox(&policy(30));
-    let job = Job {
-        code: "echo hi".to_owned(),
-        language: Language::Sh,
-        ..Job::default()
-    };
+    let job = Job { code: "echo hi".to_owned(), language: Language::Sh, ..Job::default() };
     match instance.run(&job, &KillSwitch::new()) {
-        Err(SandboxError::Unsupported {
-            backend: "wasm",
-            what,
-            ..
-        }) => assert!(what.contains("shell")),
+        Err(SandboxError::Unsupported { backend: "wasm", what, .. }) => assert!(what.contains("shell")),
         other => panic!("a shell job must be refused, got {other:?}"),
     }
 }
@@ -167,35 +143,22 @@ fn shell_jobs_are_refused() {
 fn a_memory_bomb_is_a_memory_limit() {
     let mut p = policy(30);
     p.limits.memory_bytes = 256 << 20;
-    for code in [
-        "x = bytearray(10**9)",
-        "x = []\nwhile True:\n    x.append(bytearray(10**6))\n",
-    ] {
+    for code in ["x = bytearray(10**9)", "x = []\nwhile True:\n    x.append(bytearray(10**6))\n"] {
         let e = run(&p, code);
         assert_eq!(e.status, Status::MemoryLimit, "{code}: {:?}", e.message);
         assert!(e.limits_hit.contains(&Limit::Memory));
-        assert!(
-            e.usage
-                .peak_memory_bytes
-                .is_some_and(|peak| peak <= 256 << 20)
-        );
+        assert!(e.usage.peak_memory_bytes.is_some_and(|peak| peak <= 256 << 20));
     }
 }
 
 #[test]
 fn an_infinite_loop_and_a_long_sleep_stop_at_the_deadline() {
-    for code in [
-        "while True:\n    pass\n",
-        "import time\ntime.sleep(10**6)\n",
-    ] {
+    for code in ["while True:\n    pass\n", "import time\ntime.sleep(10**6)\n"] {
         let e = run(&policy(2), code);
         assert_eq!(e.status, Status::Timeout, "{code}");
         assert!(e.limits_hit.contains(&Limit::WallTime));
         let wall = Duration::from_millis(e.usage.wall_ms);
-        assert!(
-            wall >= Duration::from_secs(2) && wall < Duration::from_secs(5),
-            "{code}: {wall:?}"
-        );
+        assert!(wall >= Duration::from_secs(2) && wall < Duration::from_secs(5), "{code}: {wall:?}");
     }
 }
 
@@ -206,11 +169,7 @@ fn cpu_time_is_limited_by_the_guest_thread_clock() {
     let e = run(&p, "while True:\n    pass\n");
     assert_eq!(e.status, Status::CpuLimit);
     assert!(e.limits_hit.contains(&Limit::CpuTime));
-    assert!(
-        e.usage.cpu_ms.is_some_and(|ms| (1000..3000).contains(&ms)),
-        "{:?}",
-        e.usage
-    );
+    assert!(e.usage.cpu_ms.is_some_and(|ms| (1000..3000).contains(&ms)), "{:?}", e.usage);
     // Sleeping is not CPU.
     let e = run(&p, "import time\ntime.sleep(1.5)\n'slept'");
     assert_eq!(e.status, Status::Ok);
@@ -221,27 +180,11 @@ fn filling_the_disk_or_the_inodes_is_stopped() {
     let mut p = policy(30);
     p.limits.disk_bytes = 8 << 20;
     p.limits.disk_inodes = 200;
-    let e = run(
-        &p,
-        "with open('/work/big', 'wb') as f:\n    for _ in range(64):\n        f.write(b'x' * (1 << 20))\n",
-    );
-    assert!(
-        e.limits_hit.contains(&Limit::Disk),
-        "{:?} {:?}",
-        e.status,
-        e.message
-    );
+    let e = run(&p, "with open('/work/big', 'wb') as f:\n    for _ in range(64):\n        f.write(b'x' * (1 << 20))\n");
+    assert!(e.limits_hit.contains(&Limit::Disk), "{:?} {:?}", e.status, e.message);
     assert_ne!(e.status, Status::Ok);
-    let e = run(
-        &p,
-        "import os\nfor i in range(5000):\n    open(f'/tmp/f{i}', 'w').close()\n",
-    );
-    assert!(
-        e.limits_hit.contains(&Limit::Inodes),
-        "{:?} {:?}",
-        e.status,
-        e.message
-    );
+    let e = run(&p, "import os\nfor i in range(5000):\n    open(f'/tmp/f{i}', 'w').close()\n");
+    assert!(e.limits_hit.contains(&Limit::Inodes), "{:?} {:?}", e.status, e.message);
     assert_ne!(e.status, Status::Ok);
 }
 
@@ -261,11 +204,7 @@ fn an_output_flood_is_capped() {
     let e = run(&p, flood);
     assert_eq!(e.status, Status::OutputLimit);
     assert!(e.limits_hit.contains(&Limit::Output));
-    assert!(
-        e.stdout.total < 1_000_000,
-        "the run went on after the cap: {}",
-        e.stdout.total
-    );
+    assert!(e.stdout.total < 1_000_000, "the run went on after the cap: {}", e.stdout.total);
 }
 
 #[test]
@@ -294,59 +233,26 @@ made_fifo
     let e = run_in(&mut instance, code);
     assert_eq!(e.status, Status::Ok, "{}", stderr(&e));
     let path = |p: &str| SandboxPath::parse(p).unwrap();
-    assert!(matches!(
-        instance.read(&path("link"), 1 << 20),
-        Err(ArtifactError::Link { .. })
-    ));
-    assert!(matches!(
-        instance.read(&path("dir/passwd"), 1 << 20),
-        Err(ArtifactError::Link { .. })
-    ));
-    assert!(matches!(
-        instance.read(&path("sub"), 1 << 20),
-        Err(ArtifactError::NotRegular {
-            kind: "directory",
-            ..
-        })
-    ));
-    assert!(matches!(
-        instance.read(&path("missing"), 1 << 20),
-        Err(ArtifactError::NotFound { .. })
-    ));
-    assert!(matches!(
-        instance.read(&path("ok.txt"), 2),
-        Err(ArtifactError::TooLarge {
-            size: 4,
-            cap: 2,
-            ..
-        })
-    ));
+    assert!(matches!(instance.read(&path("link"), 1 << 20), Err(ArtifactError::Link { .. })));
+    assert!(matches!(instance.read(&path("dir/passwd"), 1 << 20), Err(ArtifactError::Link { .. })));
+    assert!(matches!(instance.read(&path("sub"), 1 << 20), Err(ArtifactError::NotRegular { kind: "directory", .. })));
+    assert!(matches!(instance.read(&path("missing"), 1 << 20), Err(ArtifactError::NotFound { .. })));
+    assert!(matches!(instance.read(&path("ok.txt"), 2), Err(ArtifactError::TooLarge { size: 4, cap: 2, .. })));
     assert_eq!(instance.read(&path("ok.txt"), 1 << 20).unwrap(), b"fine");
     if value(&e) == "True" {
-        assert!(matches!(
-            instance.read(&path("fifo"), 1 << 20),
-            Err(ArtifactError::NotRegular { .. })
-        ));
+        assert!(matches!(instance.read(&path("fifo"), 1 << 20), Err(ArtifactError::NotRegular { .. })));
     }
     // Copy-in through a planted link is refused too, and the host is untouched.
-    assert!(
-        instance
-            .write(&path("dir/airlock-wasm-test"), b"x")
-            .is_err()
-    );
+    assert!(instance.write(&path("dir/airlock-wasm-test"), b"x").is_err());
     assert!(instance.write(&path("link"), b"x").is_err());
     assert!(!std::path::Path::new("/etc/airlock-wasm-test").exists());
-    assert!(
-        SandboxPath::parse("../x").is_err() && SandboxPath::parse("/work/../etc/passwd").is_err()
-    );
+    assert!(SandboxPath::parse("../x").is_err() && SandboxPath::parse("/work/../etc/passwd").is_err());
 }
 
 #[test]
 fn copy_in_arrives_and_each_run_is_a_fresh_guest() {
     let mut instance = sandbox(&policy(30));
-    instance
-        .write(&SandboxPath::parse("in/data.txt").unwrap(), b"hello")
-        .unwrap();
+    instance.write(&SandboxPath::parse("in/data.txt").unwrap(), b"hello").unwrap();
     let e = run_in(
         &mut instance,
         "open('/tmp/left', 'w').write('x')\nimport builtins\nbuiltins.LEFT = 1\nopen('in/data.txt').read()",
@@ -364,15 +270,8 @@ fn errors_come_back_structured() {
     let e = run(&policy(30), "x = 1\ny = x / 0\n");
     assert_eq!(e.status, Status::Failed);
     assert_eq!(e.exit_code, Some(1));
-    let err = e
-        .report
-        .as_ref()
-        .and_then(|r| r.error.clone())
-        .expect("an error");
-    assert_eq!(
-        (err.kind.as_str(), err.line),
-        ("ZeroDivisionError", Some(2))
-    );
+    let err = e.report.as_ref().and_then(|r| r.error.clone()).expect("an error");
+    assert_eq!((err.kind.as_str(), err.line), ("ZeroDivisionError", Some(2)));
     assert!(!err.traceback.contains("driver.py"), "{}", err.traceback);
     let e = run(&policy(30), "import sys\nsys.exit(3)");
     assert_eq!((e.status, e.exit_code), (Status::Failed, Some(3)));
@@ -384,15 +283,9 @@ fn the_record_names_the_isolation() {
     assert_eq!(value(&e), "2");
     assert_eq!(e.isolation.backend, "wasm");
     assert_eq!(e.isolation.layers, vec![airlock_policy::Layer::Wasm]);
+    assert_eq!(e.isolation.details.get("wasmtime").map(String::as_str), Some(airlock_wasm::WASMTIME_VERSION));
     assert_eq!(
-        e.isolation.details.get("wasmtime").map(String::as_str),
-        Some(airlock_wasm::WASMTIME_VERSION)
-    );
-    assert_eq!(
-        e.isolation
-            .details
-            .get("artifact_sha256")
-            .map(String::as_str),
+        e.isolation.details.get("artifact_sha256").map(String::as_str),
         Some(airlock_wasm::install::PINNED_SUMS_SHA256)
     );
     assert!(e.isolation.details.contains_key("cpu_time"));
@@ -421,23 +314,12 @@ fn the_kill_switch_stops_a_run() {
         remote.kill();
     });
     let started = std::time::Instant::now();
-    let job = Job {
-        code: "while True:\n    pass\n".to_owned(),
-        ..Job::default()
-    };
+    let job = Job { code: "while True:\n    pass\n".to_owned(), ..Job::default() };
     let e = instance.run(&job, &kill).unwrap();
     killer.join().unwrap();
     assert_eq!(e.status, Status::Failed);
-    assert!(
-        e.message
-            .unwrap_or_default()
-            .contains("stopped by its caller")
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(e.message.unwrap_or_default().contains("stopped by its caller"));
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
 
 #[test]
@@ -449,10 +331,7 @@ fn a_fraction_of_a_cpu_is_held_to() {
     let cpu = e.usage.cpu_ms.expect("the guest thread's CPU time");
     // Held under 1.3 s, where an unthrottled loop would use about 2 s (the
     // lower bound is loose: a busy host may give less than half a core).
-    assert!(
-        (300..=1300).contains(&cpu),
-        "half a core for 2 s is about 1000 ms, got {cpu} ms"
-    );
+    assert!((300..=1300).contains(&cpu), "half a core for 2 s is about 1000 ms, got {cpu} ms");
 }
 
 #[test]
@@ -461,9 +340,6 @@ fn the_probe_says_what_this_backend_enforces() {
     assert_eq!(probe.backend, airlock_policy::BackendKind::Wasm);
     assert!(probe.available.contains(&airlock_policy::Layer::Wasm));
     assert!(probe.missing.is_empty(), "{:?}", probe.missing);
-    assert_eq!(
-        probe.details.get("compiled").map(String::as_str),
-        Some("cached")
-    );
+    assert_eq!(probe.details.get("compiled").map(String::as_str), Some("cached"));
     assert!(probe.check(&policy(30)).unwrap().is_empty());
 }

@@ -21,8 +21,8 @@
 //! Every run can be recorded in the hash-chained audit store ([`audit`]):
 //! give the sandbox an [`Audit`] (`SandboxOptions::audit` or
 //! [`Sandbox::set_audit`]). [`Sandbox::run_request`] then notes a failure to
-//! record in the record's `message`; [`Sandbox::run_recorded`] returns it as
-//! [`Unrecorded`], with the record, for callers that must not hand out an
+//! record in the record's `message`; [`Sandbox::run_checked`] returns it as
+//! [`RunError::Unrecorded`], with the record, for callers that must not hand out an
 //! unrecorded run.
 //!
 //! The crates behind this one: `airlock-policy` (the policy and the record,
@@ -41,7 +41,7 @@ pub use airlock_audit as audit;
 pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeMount, SandboxError};
 pub use airlock_policy::*;
 pub use artifacts::save_to_host;
-pub use sandbox::{Audit, Output, RunRequest, Sandbox, SandboxOptions, Unrecorded, backend_for, host_facts};
+pub use sandbox::{Audit, Output, RunError, RunRequest, Sandbox, SandboxOptions, backend_for, host_facts};
 
 /// Everything that can go wrong outside a run itself (a run that fails is a
 /// [`RunRecord`] with its status, not an error).

@@ -8,10 +8,10 @@ use airlock_audit::{AuditError, AuditStore};
 use airlock_core::record::{self, RunContext};
 use airlock_core::{Backend, Instance, Job, KillSwitch, Runtime};
 use airlock_linux::LinuxBackend;
-use airlock_wasm::WasmBackend;
 use airlock_policy::{
     ArtifactRecord, BackendKind, HostFacts, InputRecord, Isolation, Language, Policy, RunRecord, SandboxPath,
 };
+use airlock_wasm::WasmBackend;
 use base64::Engine;
 
 use crate::Error;
@@ -71,14 +71,36 @@ pub struct Audit {
     pub principal: Option<String>,
 }
 
-/// A run that happened but could not be recorded in the audit store. The
-/// record is kept whole, so nothing about the run is lost.
+/// A run whose record cannot simply be handed out.
 #[derive(Debug, thiserror::Error)]
-#[error("run {} was not recorded in the audit store: {error}", record.id)]
-pub struct Unrecorded {
-    pub record: Box<RunRecord>,
-    #[source]
-    pub error: AuditError,
+pub enum RunError {
+    /// The sandbox itself could not carry out the run; the record says so
+    /// (status `sandbox_error`, the error as its message).
+    #[error("{error}")]
+    Sandbox { error: airlock_core::SandboxError, record: Box<RunRecord> },
+    /// The run happened but the audit store could not record it; the
+    /// record is kept whole, so nothing about the run is lost.
+    #[error("run {} was not recorded in the audit store: {error}", record.id)]
+    Unrecorded {
+        record: Box<RunRecord>,
+        #[source]
+        error: AuditError,
+    },
+}
+
+impl RunError {
+    /// The run's record.
+    pub fn record(&self) -> &RunRecord {
+        match self {
+            RunError::Sandbox { record, .. } | RunError::Unrecorded { record, .. } => record,
+        }
+    }
+
+    pub fn into_record(self) -> RunRecord {
+        match self {
+            RunError::Sandbox { record, .. } | RunError::Unrecorded { record, .. } => *record,
+        }
+    }
 }
 
 impl std::fmt::Debug for SandboxOptions<'_> {
@@ -158,7 +180,8 @@ impl Sandbox {
                 return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
                     backend: "wasm",
                     what: "use an image or a host interpreter".to_owned(),
-                    reason: "its interpreter, with its packages, is built in; images are for the linux backend".to_owned(),
+                    reason: "its interpreter, with its packages, is built in; images are for the linux backend"
+                        .to_owned(),
                 }));
             }
             return Sandbox::with_runtime(options.policy, wasm_runtime());
@@ -248,39 +271,49 @@ impl Sandbox {
     }
 
     /// Runs a request and returns its record. Never fails: a sandbox that
-    /// could not run the code gives a record with status `sandbox_error`.
-    ///
-    /// With an audit store set, the run is recorded there; a failure to
-    /// record is not silent: the record's `message` says the run was not
-    /// recorded, and why. Callers that must not hand out an unrecorded run
-    /// (a server) use [`Sandbox::run_recorded`] instead.
+    /// could not run the code gives a record with status `sandbox_error`,
+    /// and a run the audit store could not record says so in its `message`.
+    /// Front doors that must tell these apart use [`Sandbox::run_checked`].
     pub fn run_request(&mut self, request: &RunRequest) -> RunRecord {
-        match self.run_recorded(request) {
+        match self.run_checked(request) {
             Ok(record) => record,
-            Err(Unrecorded { mut record, error }) => {
-                let note = format!("this run was NOT recorded in the audit store: {error}");
-                record.message = Some(match record.message.take() {
-                    Some(message) => format!("{message}; {note}"),
-                    None => note,
-                });
-                *record
+            Err(failure) => match *failure {
+                RunError::Sandbox { record, .. } => *record,
+                RunError::Unrecorded { mut record, error } => {
+                    let note = format!("this run was NOT recorded in the audit store: {error}");
+                    record.message = Some(match record.message.take() {
+                        Some(message) => format!("{message}; {note}"),
+                        None => note,
+                    });
+                    *record
+                }
+            },
+        }
+    }
+
+    /// Runs a request, records it in the audit store if one is set (a run
+    /// the sandbox failed to carry out is recorded too), and returns its
+    /// record, or why it cannot simply be handed out (see [`RunError`]).
+    pub fn run_checked(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
+        let outcome = self.execute(request);
+        let Some(audit) = &self.audit else { return outcome };
+        let record = match &outcome {
+            Ok(record) => record,
+            Err(failure) => failure.record(),
+        };
+        match audit.store.append(record, audit.principal.as_deref()) {
+            Ok(_) => outcome,
+            Err(error) => {
+                let record = match outcome {
+                    Ok(record) => record,
+                    Err(failure) => failure.into_record(),
+                };
+                Err(Box::new(RunError::Unrecorded { record: Box::new(record), error }))
             }
         }
     }
 
-    /// Runs a request, records it in the audit store if one is set, and
-    /// returns its record; or, when recording failed, the record with the
-    /// error. Without an audit store this never fails.
-    pub fn run_recorded(&mut self, request: &RunRequest) -> Result<RunRecord, Unrecorded> {
-        let record = self.execute(request);
-        let Some(audit) = &self.audit else { return Ok(record) };
-        match audit.store.append(&record, audit.principal.as_deref()) {
-            Ok(_) => Ok(record),
-            Err(error) => Err(Unrecorded { record: Box::new(record), error }),
-        }
-    }
-
-    fn execute(&mut self, request: &RunRequest) -> RunRecord {
+    fn execute(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
         let job = Job {
             code: request.code.clone(),
             language: request.language,
@@ -301,12 +334,13 @@ impl Sandbox {
             Ok(execution) => record::assemble(&ctx, execution),
             Err(error) => {
                 let isolation = Isolation { backend: self.policy.backend.to_string(), ..Isolation::default() };
-                return record::sandbox_error(&ctx, &error, isolation);
+                let record = Box::new(record::sandbox_error(&ctx, &error, isolation));
+                return Err(Box::new(RunError::Sandbox { error, record }));
             }
         };
         let (artifacts, over_cap) = self.collect(&request.outputs);
         record::add_artifacts(&mut rec, artifacts, over_cap);
-        rec
+        Ok(rec)
     }
 
     /// Reads the requested outputs after a run, each capped, together capped.

@@ -23,38 +23,26 @@ pub fn backend() -> &'static WasmBackend {
     static BACKEND: OnceLock<WasmBackend> = OnceLock::new();
     BACKEND.get_or_init(|| {
         let backend = WasmBackend::new(test_home());
-        backend
-            .prepare(&mut |step| eprintln!("{step:?}"))
-            .expect("the wasm interpreter installs and loads");
+        backend.prepare(&mut |step| eprintln!("{step:?}")).expect("the wasm interpreter installs and loads");
         backend
     })
 }
 
 pub fn policy(wall_s: u64) -> Policy {
     Policy {
-        limits: Limits {
-            wall_time: Duration::from_secs(wall_s),
-            ..Limits::default()
-        },
+        limits: Limits { wall_time: Duration::from_secs(wall_s), ..Limits::default() },
         backend: airlock_policy::BackendKind::Wasm,
         ..Policy::default()
     }
 }
 
 pub fn sandbox(policy: &Policy) -> Box<dyn Instance> {
-    backend()
-        .create(policy, &Runtime::default())
-        .expect("the sandbox is made")
+    backend().create(policy, &Runtime::default()).expect("the sandbox is made")
 }
 
 pub fn run_in(instance: &mut Box<dyn Instance>, code: &str) -> Execution {
-    let job = Job {
-        code: code.to_owned(),
-        ..Job::default()
-    };
-    instance
-        .run(&job, &KillSwitch::new())
-        .expect("the sandbox runs the job")
+    let job = Job { code: code.to_owned(), ..Job::default() };
+    instance.run(&job, &KillSwitch::new()).expect("the sandbox runs the job")
 }
 
 pub fn run(policy: &Policy, code: &str) -> Execution {
@@ -71,17 +59,10 @@ pub fn stderr(e: &Execution) -> String {
 
 /// The value of the job's last expression.
 pub fn value(e: &Execution) -> String {
-    e.report
-        .as_ref()
-        .and_then(|r| r.value.clone())
-        .unwrap_or_default()
+    e.report.as_ref().and_then(|r| r.value.clone()).unwrap_or_default()
 }
 
 /// The type of the job's uncaught exception.
 pub fn error_kind(e: &Execution) -> String {
-    e.report
-        .as_ref()
-        .and_then(|r| r.error.as_ref())
-        .map(|err| err.kind.clone())
-        .unwrap_or_default()
+    e.report.as_ref().and_then(|r| r.error.as_ref()).map(|err| err.kind.clone()).unwrap_or_default()
 }

@@ -1,0 +1,64 @@
+//! The sandbox helper this module carries, installed where it can run.
+//!
+//! The Linux backend starts `airlock-init` (built from crates/airlock-linux)
+//! by path for every sandbox and every run. The build script compiled it for
+//! this exact library version and it is embedded here, so a wheel needs
+//! nothing beside itself and the helper always speaks this library's
+//! protocol. On first use in a process it is written, whole or not at all, to
+//! `<data dir>/helpers/airlock-init-<hash>` (the hash of its content, so
+//! versions side by side never overwrite each other).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use airlock::SandboxError;
+use airlock_linux::LinuxBackend;
+
+/// The helper binary, built by build.rs.
+const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/airlock-init"));
+
+/// The Linux backend running the embedded helper, made once per process.
+pub fn backend() -> Result<&'static LinuxBackend, SandboxError> {
+    static BACKEND: OnceLock<LinuxBackend> = OnceLock::new();
+    // One installer at a time in this process; other processes write files
+    // of their own (named for their pid) and rename them into place.
+    static INSTALLING: Mutex<()> = Mutex::new(());
+    if let Some(backend) = BACKEND.get() {
+        return Ok(backend);
+    }
+    let _alone = INSTALLING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(backend) = BACKEND.get() {
+        return Ok(backend);
+    }
+    let path = install(&airlock_core::paths::data_dir()?.join("helpers"))?;
+    Ok(BACKEND.get_or_init(|| LinuxBackend::with_helper(path)))
+}
+
+/// Writes the helper into `dir` unless an identical, executable copy is there.
+fn install(dir: &Path) -> Result<PathBuf, SandboxError> {
+    let digest = airlock_core::sha256_hex(HELPER);
+    let path = dir.join(format!("airlock-init-{}", &digest[..16]));
+    if is_installed(&path) {
+        return Ok(path);
+    }
+    let fail = |source| SandboxError::io(format!("installing the sandbox helper at {}", path.display()), source);
+    fs::create_dir_all(dir).map_err(fail)?;
+    // Made executable before it takes the final name, which another process
+    // may be about to run.
+    let staged = dir.join(format!(".airlock-init-{}.{}", &digest[..16], std::process::id()));
+    let installed = airlock::save_to_host(&staged, HELPER)
+        .and_then(|_| fs::set_permissions(&staged, fs::Permissions::from_mode(0o755)))
+        .and_then(|()| fs::rename(&staged, &path));
+    if let Err(error) = installed {
+        let _ = fs::remove_file(&staged);
+        return Err(fail(error));
+    }
+    Ok(path)
+}
+
+fn is_installed(path: &Path) -> bool {
+    let executable = fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    executable && fs::read(path).is_ok_and(|content| content == HELPER)
+}
