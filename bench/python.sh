@@ -8,7 +8,7 @@
 #
 # Builds the release `airlock` command and helper, and installs the Python
 # package into target/bench-venv (`pip install ./python`) when it is missing
-# or older than the sources. Uses target/airlock-test-home as airlock's data
+# or older than the sources. Uses target/tmp/airlock-test-home as airlock's data
 # folder, so the python-data image the tests built is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ if [ ! -e "$stamp" ] || [ -n "$(find python crates Cargo.lock -newer "$stamp" -t
     "$venv/bin/pip" install -q --disable-pip-version-check ./python
     touch "$stamp"
 fi
-export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-test-home}
+export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/tmp/airlock-test-home}
 export AIRLOCK_INIT=$PWD/target/release/airlock-init
 echo "<!-- $(date -u +%FT%TZ), $(nproc) CPUs, load average: $(cut -d' ' -f1-3 /proc/loadavg) -->"
 exec "$venv/bin/python" bench/python.py --airlock target/release/airlock "$@"

@@ -18,11 +18,11 @@ _made_home = None
 def pytest_configure(config):
     # Before any sandbox: the helper and the images live in airlock's data
     # folder. The Rust tests build the python-data image in
-    # target/airlock-test-home; reuse it when it is there.
+    # target/tmp/airlock-test-home; reuse it when it is there.
     global _made_home
     if os.environ.get("AIRLOCK_HOME"):
         return
-    shared = REPO / "target" / "airlock-test-home"
+    shared = REPO / "target" / "tmp" / "airlock-test-home"
     if shared.is_dir():
         os.environ["AIRLOCK_HOME"] = str(shared)
     else:

@@ -34,7 +34,8 @@ pub fn airlock_bin() -> PathBuf {
 /// airlock's data directory for tests: shared by every test and kept between
 /// runs, so the python-data image is built once.
 pub fn test_home() -> PathBuf {
-    let home = bin_dir().parent().expect("target/").join("airlock-test-home");
+    // target/tmp/airlock-test-home: where the wasm crate's own tests keep theirs too.
+    let home = bin_dir().parent().expect("target/").join("tmp/airlock-test-home");
     std::fs::create_dir_all(&home).expect("create the test home");
     home
 }
@@ -202,4 +203,27 @@ pub fn assert_nothing_left(marker: &str) {
 /// A unique marker for a test's processes.
 pub fn marker(name: &str) -> String {
     format!("airlock-test-{name}-{}", std::process::id())
+}
+
+/// The WebAssembly backend, with its interpreter in the test home (the first
+/// use installs and compiles it: a few minutes, once).
+pub fn wasm() -> &'static airlock_wasm::WasmBackend {
+    static BACKEND: OnceLock<airlock_wasm::WasmBackend> = OnceLock::new();
+    BACKEND.get_or_init(|| {
+        let backend = airlock_wasm::WasmBackend::new(test_home());
+        backend.prepare(&mut airlock_wasm::progress_on_stderr).expect("the wasm interpreter installs");
+        backend
+    })
+}
+
+/// A sandbox on `backend` with `policy`: the host's Python on Linux, the
+/// built-in interpreter on wasm.
+pub fn sandbox_on(backend: airlock::BackendKind, mut policy: Policy) -> Sandbox {
+    policy.backend = backend;
+    match backend {
+        airlock::BackendKind::Linux => sandbox(policy),
+        airlock::BackendKind::Wasm => {
+            Sandbox::with_backend(wasm(), policy, Runtime::default()).expect("a wasm sandbox")
+        }
+    }
 }

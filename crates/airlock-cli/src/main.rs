@@ -32,6 +32,20 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Serve MCP on standard input and output, for an agent that starts airlock itself.
     Mcp(serve_cmd::McpArgs),
+    /// Install a backend's runtime ahead of its first use.
+    #[command(subcommand)]
+    Backend(BackendCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BackendCommand {
+    /// Install a backend: `wasm` fetches CPython compiled to WASI from PyPI,
+    /// checks it against its SHA256SUMS, and compiles it once.
+    Install {
+        /// The backend: wasm (linux needs nothing installed).
+        #[arg(value_parser = ["wasm", "linux"])]
+        name: String,
+    },
 }
 
 /// Exit statuses, following `timeout` and `docker run`.
@@ -59,6 +73,13 @@ fn main() -> ExitCode {
         Command::Audit(args) => audit_cmd::run(args),
         Command::Serve(args) => serve_cmd::serve(args).map(|()| ExitCode::SUCCESS),
         Command::Mcp(args) => serve_cmd::mcp(args).map(|()| ExitCode::SUCCESS),
+        Command::Backend(BackendCommand::Install { name }) => match name.as_str() {
+            "wasm" => airlock::install_wasm_backend().map(|()| ExitCode::SUCCESS).map_err(Into::into),
+            _ => {
+                println!("the linux backend needs nothing installed");
+                Ok(ExitCode::SUCCESS)
+            }
+        },
     };
     match result {
         Ok(code) => code,

@@ -88,6 +88,10 @@ pub struct RunArgs {
     /// Connections the code may open through the proxy [default: 64].
     #[arg(long, value_name = "N")]
     max_connections: Option<u32>,
+    /// The isolation backend: linux (namespaces, seccomp, Landlock, cgroups) or
+    /// wasm (CPython compiled to WebAssembly) [default: linux].
+    #[arg(long, value_name = "BACKEND")]
+    backend: Option<String>,
     /// Accept running without a layer this host lacks (cgroups, landlock). Repeatable.
     #[arg(long = "allow-degraded", value_name = "LAYER")]
     allow_degraded: Vec<String>,
@@ -257,6 +261,7 @@ fn policy_from_args(args: &RunArgs) -> anyhow::Result<Policy> {
         env: Some(env),
         allow_degraded: Some(args.allow_degraded.clone()),
         allow_hosts: Some(args.allow_hosts.clone()),
+        backend: args.backend.clone(),
         max_network_bytes_in: args.max_network_bytes_in,
         max_network_bytes_out: args.max_network_bytes_out,
         max_connections: args.max_connections,

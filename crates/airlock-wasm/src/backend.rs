@@ -84,7 +84,8 @@ impl WasmBackend {
 
 /// Progress of an automatic install, on stderr: a first use may download
 /// 100 MB and compile for a minute, which must not look like a hang.
-fn progress_on_stderr(step: InstallProgress) {
+/// Tells a person on stderr how installing and compiling the interpreter goes.
+pub fn progress_on_stderr(step: InstallProgress) {
     let line = match step {
         InstallProgress::Downloading { package, version } => {
             format!("downloading the wasm interpreter ({package} {version}) with pip...")

@@ -17,6 +17,6 @@ mod files;
 mod guest;
 pub mod install;
 
-pub use backend::WasmBackend;
+pub use backend::{WasmBackend, progress_on_stderr};
 pub use cache::WASMTIME_VERSION;
 pub use install::{InstallError, InstallProgress, InstalledInterpreter, install, install_from_wheel, installed};

@@ -21,17 +21,26 @@ use crate::interpreter::Interpreter;
 /// The backend for `kind`, made once per process.
 pub fn backend_for(kind: BackendKind) -> Result<&'static dyn Backend, Error> {
     static LINUX: OnceLock<LinuxBackend> = OnceLock::new();
-    static WASM: OnceLock<WasmBackend> = OnceLock::new();
     match kind {
         BackendKind::Linux => Ok(LINUX.get_or_init(LinuxBackend::new)),
-        BackendKind::Wasm => {
-            if let Some(backend) = WASM.get() {
-                return Ok(backend);
-            }
-            let data_dir = airlock_core::paths::data_dir()?;
-            Ok(WASM.get_or_init(|| WasmBackend::new(data_dir)))
-        }
+        BackendKind::Wasm => Ok(wasm_backend()?),
     }
+}
+
+fn wasm_backend() -> Result<&'static WasmBackend, Error> {
+    static WASM: OnceLock<WasmBackend> = OnceLock::new();
+    if let Some(backend) = WASM.get() {
+        return Ok(backend);
+    }
+    let data_dir = airlock_core::paths::data_dir()?;
+    Ok(WASM.get_or_init(|| WasmBackend::new(data_dir)))
+}
+
+/// Installs the WebAssembly backend's interpreter and compiles it, telling a
+/// person on stderr how it goes (`airlock backend install wasm`). Its first
+/// use does the same by itself.
+pub fn install_wasm_backend() -> Result<(), Error> {
+    Ok(wasm_backend()?.prepare(&mut airlock_wasm::progress_on_stderr)?)
 }
 
 /// The runtime of the WebAssembly backend: its interpreter is built in.
