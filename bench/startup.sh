@@ -28,7 +28,7 @@ sed "s#/work/#$work/#g" examples/weighted_median.py > "$work/bare_weighted_media
 cd "$work"
 
 echo "== trivial: print(1+1)"
-bwrap_cmd="bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --ro-bind $base $base --ro-bind $AIRLOCK_HOME $AIRLOCK_HOME --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev --tmpfs /tmp $python -c 'print(1+1)'"
+bwrap_cmd="bwrap --unshare-all --die-with-parent --tmpfs /tmp --ro-bind /usr /usr --ro-bind $base $base --ro-bind $AIRLOCK_HOME $AIRLOCK_HOME --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev $python -c 'print(1+1)'"
 extra=()
 names=bare,airlock
 if command -v bwrap >/dev/null; then extra=("$bwrap_cmd"); names=$names,bubblewrap; fi

@@ -260,8 +260,10 @@ fn the_environment_holds_only_what_was_given() {
     assert_eq!(
         out,
         format!(
-            "[('GIVEN', 'yes'), ('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('MPLBACKEND', 'module://airlock_inline_backend'), \
-             ('MPLCONFIGDIR', '/tmp/.config/matplotlib'), ('PATH', '{python_bin}:/usr/local/bin:/usr/bin:/bin'), ('TMPDIR', '/tmp')]"
+            "[('GIVEN', 'yes'), ('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('MKL_NUM_THREADS', '1'), \
+             ('MPLBACKEND', 'module://airlock_inline_backend'), ('MPLCONFIGDIR', '/tmp/.config/matplotlib'), \
+             ('NUMEXPR_NUM_THREADS', '1'), ('OMP_NUM_THREADS', '1'), ('OPENBLAS_NUM_THREADS', '1'), \
+             ('PATH', '{python_bin}:/usr/local/bin:/usr/bin:/bin'), ('TMPDIR', '/tmp')]"
         )
     );
     // Nothing of this test process's environment (HOME, PATH, CARGO_*) crossed.

@@ -9,53 +9,26 @@
 # supervisor treats everything it reports as untrusted data: parsed with caps,
 # PNGs re-checked, never used to decide a status or a limit.
 #
-# Start-up cost matters (every run pays it), so nothing is imported here that
-# plain Python does not already load, until there is something to report.
+# Start-up cost matters: every run pays it, and Python compiles a script on
+# every start (no bytecode cache for it). So this file holds only what every
+# run needs and imports nothing plain Python has not loaded already; what is
+# needed only when there is something to report (an error, figures) lives in
+# driver_report.py, beside it, loaded then.
 #
 # argv: driver.py CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP
 
 import sys
 
 _DRIVER_FILE = __file__
+_DRIVER_DIR = _DRIVER_FILE.rpartition("/")[0]
 
 
 def _run():
     _enter_work_dir()
     code_path, display_name, report_path = sys.argv[1], sys.argv[2], sys.argv[3]
     value_cap, max_figures, figure_cap = (int(x) for x in sys.argv[4:7])
-    report = {}
-    figures = []
-
-    def capture_figures():
-        # Called by plt.show() and at the end: every open figure, as a PNG, then closed.
-        pyplot = sys.modules.get("matplotlib.pyplot")
-        if pyplot is None:
-            return
-        import io
-
-        for num in pyplot.get_fignums():
-            fig = pyplot.figure(num)
-            if len(figures) < max_figures:
-                buf = io.BytesIO()
-                try:
-                    fig.savefig(buf, format="png")
-                except Exception as exc:  # a figure that cannot render is reported, not fatal
-                    report.setdefault("figure_errors", []).append(f"figure {num}: {exc!r}"[:1000])
-                else:
-                    data = buf.getvalue()
-                    label = fig.get_label() or ""
-                    name = f"figure-{len(figures) + 1}.png" if not label else f"figure-{len(figures) + 1}-{label}.png"
-                    if len(data) <= figure_cap:
-                        figures.append((name, data))
-                    else:
-                        report.setdefault("figure_errors", []).append(
-                            f"{name}: {len(data)} bytes, above the cap of {figure_cap}"
-                        )
-            else:
-                report["figures_dropped"] = report.get("figures_dropped", 0) + 1
-            pyplot.close(fig)
-
-    _install_matplotlib_backend(capture_figures)
+    state = {"report": {}, "figures": [], "max_figures": max_figures, "figure_cap": figure_cap}
+    _register_matplotlib_backend(state)
 
     with open(code_path, "rb") as f:
         source = f.read()
@@ -69,11 +42,12 @@ def _run():
     # The code's folder replaces the driver's on the import path. An
     # interpreter that did not put the script's folder first (WASI's runs
     # with safe_path) keeps its path whole, the code's folder added in front.
-    if sys.path and sys.path[0] == _DRIVER_FILE.rpartition("/")[0]:
+    if sys.path and sys.path[0] == _DRIVER_DIR:
         sys.path[0] = ""
     else:
         sys.path.insert(0, "")
 
+    report = state["report"]
     exit_code = 0
     try:
         body, last = _split_last_expression(source, display_name)
@@ -89,22 +63,47 @@ def _run():
     except SystemExit as exc:
         exit_code = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - every uncaught exception is the user's result
-        report["error"] = _describe(exc)
-        _print_traceback(exc)
+        _extras().report_error(exc, state, _DRIVER_FILE)
         exit_code = 1
 
-    try:
-        capture_figures()
-    except Exception as exc:
-        report.setdefault("figure_errors", []).append(repr(exc)[:1000])
+    if "matplotlib.pyplot" in sys.modules:
+        _extras().capture_figures(state)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-    if report or figures:
-        _write_report(report_path, report, figures)
+    if report or state["figures"]:
+        _extras().write_report(report_path, state)
     return exit_code
+
+
+_EXTRAS = []
+
+
+def _extras():
+    """driver_report.py, compiled on first need."""
+    if not _EXTRAS:
+        path = _DRIVER_DIR + "/driver_report.py"
+        namespace = {"__name__": "airlock_driver_report", "__file__": path}
+        with open(path, "rb") as f:
+            exec(compile(f.read(), path, "exec"), namespace)
+        _EXTRAS.append(type(sys)("airlock_driver_report"))
+        _EXTRAS[0].__dict__.update(namespace)
+    return _EXTRAS[0]
+
+
+def _register_matplotlib_backend(state):
+    """Makes matplotlib render off-screen and hand shown figures to airlock.
+
+    The backend is registered as a module that costs nothing until matplotlib
+    asks it for something (MPLBACKEND names it), so code that never plots
+    pays nothing.
+    """
+    module = type(sys)("airlock_inline_backend")
+    module.__getattr__ = lambda name: _extras().backend_attribute(module, name)
+    module.show = lambda *args, **kwargs: _extras().capture_figures(state)
+    sys.modules["airlock_inline_backend"] = module
 
 
 def _enter_work_dir():
@@ -154,86 +153,6 @@ def _exit_code(exc):
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
-
-
-def _user_traceback(exc):
-    """The traceback without this driver's own frames."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == _DRIVER_FILE:
-        tb = tb.tb_next
-    return tb
-
-
-def _describe(exc):
-    import traceback
-
-    exc = exc.with_traceback(_user_traceback(exc))
-    error = {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    }
-    if isinstance(exc, SyntaxError):
-        error["message"] = exc.msg or str(exc)
-        if exc.lineno:
-            error["line"] = exc.lineno
-        if exc.offset:
-            error["column"] = exc.offset
-    else:
-        tb = exc.__traceback__
-        line = None
-        while tb is not None:
-            line = tb.tb_lineno
-            tb = tb.tb_next
-        if line:
-            error["line"] = line
-    if isinstance(exc, ModuleNotFoundError) and exc.name:
-        error["module"] = exc.name
-    return error
-
-
-def _print_traceback(exc):
-    import traceback
-
-    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-
-
-def _write_report(path, report, figures):
-    import base64
-    import json
-
-    report["figures"] = [{"name": name, "png_base64": base64.b64encode(data).decode()} for name, data in figures]
-    data = json.dumps(report).encode()
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def _install_matplotlib_backend(capture):
-    """Makes matplotlib render off-screen and hand shown figures to `capture`.
-
-    The backend module is registered now but imports matplotlib's Agg backend
-    only when matplotlib asks for it, so code that never plots pays nothing.
-    """
-
-    class InlineBackend(type(sys)):
-        def __getattr__(self, name):
-            from matplotlib.backends import backend_agg
-
-            self.FigureCanvas = backend_agg.FigureCanvasAgg
-            self.FigureManager = backend_agg.FigureManager
-            self.new_figure_manager = backend_agg.new_figure_manager
-            self.new_figure_manager_given_figure = backend_agg.new_figure_manager_given_figure
-            if name in self.__dict__:
-                return self.__dict__[name]
-            raise AttributeError(name)
-
-    module = InlineBackend("airlock_inline_backend")
-
-    def show(*args, **kwargs):
-        capture()
-
-    module.show = show
-    sys.modules["airlock_inline_backend"] = module
 
 
 if __name__ == "__main__":

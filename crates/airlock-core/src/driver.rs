@@ -12,8 +12,11 @@ use serde::Deserialize;
 use crate::backend::Job;
 use crate::runtime::Runtime;
 
-/// The Python driver's source.
+/// The Python driver's source: what every run needs.
 pub const DRIVER_SOURCE: &str = include_str!("driver.py");
+/// The rest of the driver, compiled inside only when there is something to
+/// report (an error, figures).
+pub const DRIVER_REPORT_SOURCE: &str = include_str!("driver_report.py");
 
 /// The read-only folder inside the sandbox that holds the driver and the code.
 pub const PROGRAM_DIR: &str = "/.airlock";
@@ -80,6 +83,7 @@ pub fn program(job: &Job, runtime: &Runtime, caps: &ReportCaps) -> Program {
             ],
             files: vec![
                 ProgramFile { name: "driver.py", content: DRIVER_SOURCE.to_owned() },
+                ProgramFile { name: "driver_report.py", content: DRIVER_REPORT_SOURCE.to_owned() },
                 ProgramFile { name: "main.py", content: job.code.clone() },
             ],
             reports: true,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use airlock_policy::ImageRef;
+use airlock_policy::{ImageRef, Policy};
 
 /// The environment every sandbox starts from, before the runtime's and the
 /// policy's own variables. Nothing else is inherited from the caller.
@@ -49,12 +49,23 @@ pub struct Runtime {
 
 impl Runtime {
     /// The environment the code receives: the base, then the runtime's
-    /// variables, then the policy's.
-    pub fn environment(&self, policy_env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    /// variables, then the thread counts for numerical libraries, then the
+    /// policy's own (which win).
+    pub fn environment(&self, policy: &Policy) -> BTreeMap<String, String> {
         let mut env: BTreeMap<String, String> =
             BASE_ENV.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         env.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        env.extend(policy_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        // BLAS and OpenMP start a thread per host CPU, and a sandbox given
+        // fewer CPUs than that spends its quota spinning them: tell them how
+        // many CPUs the sandbox really has.
+        let threads = (policy.limits.cpus.floor() as u64).max(1).to_string();
+        for key in THREAD_ENV {
+            env.insert(key.to_owned(), threads.clone());
+        }
+        env.extend(policy.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env
     }
 }
+
+/// The variables numerical libraries read for their thread counts.
+pub const THREAD_ENV: [&str; 4] = ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"];

@@ -68,7 +68,7 @@ impl Instance for LinuxInstance {
         let caps = ReportCaps::default();
         let program = driver::program(job, &self.runtime, &caps);
         let network = self.policy.network.is_enabled();
-        let mut env = self.runtime.environment(&self.policy.env);
+        let mut env = self.runtime.environment(&self.policy);
         if network {
             // The proxy is the only way out; clients find it here. Set only
             // when hosts are allowed, so code without network sees none.

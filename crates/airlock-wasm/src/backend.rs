@@ -162,7 +162,7 @@ impl Backend for WasmBackend {
         let loaded = self.load(&mut progress_on_stderr)?;
         let (work, work_fd) =
             files::private_dir("airlock-wasm-work-").map_err(|e| SandboxError::io("making the work directory", e))?;
-        let mut env = runtime.environment(&policy.env);
+        let mut env = runtime.environment(policy);
         for (key, value) in GUEST_ENV {
             env.entry(key.to_owned()).or_insert_with(|| value.to_owned());
         }
