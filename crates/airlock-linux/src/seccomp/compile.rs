@@ -1,11 +1,14 @@
 //! Compiles a seccomp [`Policy`] to classic BPF.
 //!
-//! Layout: an architecture check, an x32 check, a binary search on the
-//! syscall number whose leaves jump to each syscall's rules, the default
-//! action, then the rules, then one return per distinct action. Conditional
-//! jumps only ever skip one instruction (their offsets are 8 bits); every
-//! longer jump is a `JA`, whose offset is 32 bits, so no policy is too far
-//! apart to encode.
+//! Layout: an architecture check, an x32 check, a binary search over
+//! *ranges* of syscall numbers that are handled alike (most of the allowlist
+//! is a few long runs of allowed numbers), each range jumping to its
+//! handling: a return, or a syscall's argument rules. Then the rules, then
+//! one return per distinct action. A small program is cheap to load (twice
+//! a run) and cheap to run (every syscall of the code goes through it).
+//! Conditional jumps only ever skip one instruction (their offsets are 8
+//! bits); every longer jump is a `JA`, whose offset is 32 bits, so no policy
+//! is too far apart to encode.
 
 use std::collections::BTreeMap;
 
@@ -47,16 +50,54 @@ const X32_SYSCALL_BIT: Option<u32> = Some(0x4000_0000);
 #[cfg(target_arch = "aarch64")]
 const X32_SYSCALL_BIT: Option<u32> = None;
 
-/// How many syscalls a search leaf tests one after another.
-const LEAF: usize = 4;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Label {
-    Syscall(u32),
     Rule(u32, usize),
-    Default,
     Ret(Action),
     Node(usize),
+}
+
+/// How a range of syscall numbers is handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handling {
+    /// Straight to a return.
+    Return(Action),
+    /// Through this syscall's argument rules.
+    Rules(u32),
+}
+
+impl Handling {
+    fn label(self) -> Label {
+        match self {
+            Handling::Return(action) => Label::Ret(action),
+            Handling::Rules(nr) => Label::Rule(nr, 0),
+        }
+    }
+}
+
+/// The syscall numbers cut into ranges handled alike: `(first, handling)`,
+/// each range running up to the next one's first number; the last to the end.
+fn ranges(policy: &Policy) -> Vec<(u32, Handling)> {
+    let mut ranges: Vec<(u32, Handling)> = vec![(0, Handling::Return(policy.default_action))];
+    let mut push = |first: u32, handling: Handling| {
+        // A range starting at the same number is superseded; one handled
+        // alike just extends.
+        if ranges.last().is_some_and(|(start, _)| *start == first) {
+            ranges.pop();
+        }
+        if ranges.last().map(|(_, h)| *h) != Some(handling) {
+            ranges.push((first, handling));
+        }
+    };
+    for (nr, (_, rules)) in &policy.syscalls {
+        let handling = match rules.as_slice() {
+            [rule] if rule.when.is_none() => Handling::Return(rule.action),
+            _ => Handling::Rules(*nr),
+        };
+        push(*nr, handling);
+        push(nr + 1, Handling::Return(policy.default_action));
+    }
+    ranges
 }
 
 /// An instruction whose jump target may not be known yet.
@@ -117,16 +158,21 @@ pub fn compile(policy: &Policy) -> Result<Vec<Instruction>, PolicyFileError> {
         asm.emit(RET_K, 0, 0, Action::KillProcess.ret());
     }
 
-    let numbers: Vec<u32> = policy.syscalls.keys().copied().collect();
+    let ranges = ranges(policy);
     let mut next_node = 0;
-    search(&mut asm, &numbers, &mut next_node);
+    search(&mut asm, &ranges, &mut next_node);
 
-    asm.here(Label::Default);
-    asm.emit(RET_K, 0, 0, policy.default_action.ret());
-
-    let mut actions = vec![policy.default_action];
+    let mut actions: Vec<Action> = ranges
+        .iter()
+        .filter_map(|(_, h)| match h {
+            Handling::Return(action) => Some(*action),
+            Handling::Rules(_) => None,
+        })
+        .collect();
     for (nr, (_, rules)) in &policy.syscalls {
-        asm.here(Label::Syscall(*nr));
+        if !ranges.iter().any(|(_, h)| *h == Handling::Rules(*nr)) {
+            continue;
+        }
         for (index, rule) in rules.iter().enumerate() {
             asm.here(Label::Rule(*nr, index));
             let next = Label::Rule(*nr, index + 1);
@@ -162,6 +208,7 @@ pub fn compile(policy: &Policy) -> Result<Vec<Instruction>, PolicyFileError> {
         asm.jump(Label::Ret(policy.default_action));
     }
 
+    actions.push(policy.default_action);
     actions.sort();
     actions.dedup();
     for action in actions {
@@ -176,24 +223,23 @@ pub fn compile(policy: &Policy) -> Result<Vec<Instruction>, PolicyFileError> {
     Ok(program)
 }
 
-/// Emits a binary search over `numbers` (sorted) with the syscall number in A.
-fn search(asm: &mut Assembler, numbers: &[u32], next_node: &mut usize) {
-    if numbers.len() <= LEAF {
-        for nr in numbers {
-            asm.if_eq_goto(*nr, Label::Syscall(*nr));
+/// Emits a binary search over `ranges` with the syscall number in A.
+fn search(asm: &mut Assembler, ranges: &[(u32, Handling)], next_node: &mut usize) {
+    match ranges {
+        [] => {}
+        [(_, handling)] => asm.jump(handling.label()),
+        _ => {
+            let (low, high) = ranges.split_at(ranges.len() / 2);
+            let right = Label::Node(*next_node);
+            *next_node += 1;
+            // if nr >= the first number of the upper half { goto right } else the lower half.
+            asm.emit(JMP_JGE_K, 0, 1, high[0].0);
+            asm.jump(right);
+            search(asm, low, next_node);
+            asm.here(right);
+            search(asm, high, next_node);
         }
-        asm.jump(Label::Default);
-        return;
     }
-    let (low, high) = numbers.split_at(numbers.len() / 2);
-    let right = Label::Node(*next_node);
-    *next_node += 1;
-    // if nr >= high[0] { goto right } else fall into the left half.
-    asm.emit(JMP_JGE_K, 0, 1, high[0]);
-    asm.jump(right);
-    search(asm, low, next_node);
-    asm.here(right);
-    search(asm, high, next_node);
 }
 
 /// Runs a BPF program over one syscall, as the kernel would. For tests and
@@ -269,6 +315,13 @@ mod tests {
             assert_eq!(evaluate(&program, AUDIT_ARCH, read | bit, [0; 6]), Some(Action::KillProcess.ret()));
         }
         assert_eq!(evaluate(&program, AUDIT_ARCH, read, [0; 6]), Some(Action::Allow.ret()));
+    }
+
+    #[test]
+    fn the_program_is_small() {
+        // Ranges of syscalls handled alike keep it a few hundred instructions.
+        let (_, program) = default_program();
+        assert!(program.len() < 400, "{} instructions", program.len());
     }
 
     #[test]
