@@ -25,13 +25,7 @@ fn main() {
     );
     let policy = seccomp::Policy::default_policy().unwrap_or_else(|e| panic!("seccomp/default.toml: {e}"));
     let program = seccomp::compile(&policy).unwrap_or_else(|e| panic!("compiling seccomp/default.toml: {e}"));
-    let mut bytes = Vec::with_capacity(program.len() * 8);
-    for i in &program {
-        bytes.extend_from_slice(&i.code.to_le_bytes());
-        bytes.push(i.jt);
-        bytes.push(i.jf);
-        bytes.extend_from_slice(&i.k.to_le_bytes());
-    }
+    let bytes = seccomp::Instruction::to_bytes(&program);
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default()).join("default-seccomp.bpf");
     std::fs::write(&out, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
 }

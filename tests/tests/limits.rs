@@ -140,7 +140,7 @@ fn usage_is_measured_not_made_up() {
 }
 
 #[test]
-fn runs_in_one_sandbox_share_its_work_directory_and_nothing_else() {
+fn runs_in_one_sandbox_share_work_and_tmp_and_nothing_else() {
     let mut first = sandbox(Policy::default());
     first.write("/work/in.txt", b"given").unwrap();
     let record = first.run_request(&RunRequest::shell(

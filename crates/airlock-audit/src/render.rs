@@ -221,22 +221,8 @@ fn stream(out: &mut String, name: &str, text: &str, truncated: bool, binary: boo
     }
 }
 
-/// `text` with everything that could drive a terminal made visible:
-/// control characters other than newline and tab become `\u{..}` escapes,
-/// and so do the Unicode direction overrides that make code read other than
-/// it runs.
 fn safe(text: &str) -> String {
-    let mut shown = String::with_capacity(text.len());
-    for c in text.chars() {
-        let direction_override =
-            matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
-        if (c.is_control() && c != '\n' && c != '\t') || direction_override {
-            let _ = write!(shown, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            shown.push(c);
-        }
-    }
-    shown
+    airlock_core::terminal_safe(text)
 }
 
 fn bytes(count: u64) -> String {

@@ -24,6 +24,25 @@ pub use backend::{Backend, Execution, Instance, Job, KillSwitch, Probe};
 pub use error::{ArtifactError, SandboxError};
 pub use runtime::{Runtime, RuntimeMount};
 
+/// `text` with everything that could drive a terminal made visible: control
+/// characters other than newline and tab become `\u{..}` escapes, and so do
+/// the Unicode direction overrides that make code read other than it runs.
+/// For printing what a sandbox produced (its output, its code) to a person.
+pub fn terminal_safe(text: &str) -> String {
+    use std::fmt::Write;
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        let direction_override =
+            matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}');
+        if (c.is_control() && c != '\n' && c != '\t') || direction_override {
+            let _ = write!(shown, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}
+
 /// Lower-case hex SHA-256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;

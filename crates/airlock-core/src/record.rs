@@ -82,7 +82,9 @@ pub fn assemble(ctx: &RunContext<'_>, execution: Execution) -> RunRecord {
             })
             .collect();
         if !report.problems.is_empty() {
-            let note = report.problems.join("; ");
+            // The driver runs inside, with the code: its notes are the
+            // sandbox's words, and say so, beside the supervisor's own.
+            let note = format!("the code's driver reported: {}", report.problems.join("; "));
             record.message = Some(match record.message.take() {
                 Some(m) => format!("{m}; {note}"),
                 None => note,

@@ -87,6 +87,12 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), 
     let mut next = || fds.next().ok_or_else(|| Failure::plain("read the request", "a descriptor is missing"));
     let (user_ns, mount_ns, stdin, stdout, stderr) = (next()?, next()?, next()?, next()?, next()?);
     let cgroup_fds: Vec<OwnedFd> = fds.collect();
+    if cgroup_fds.len() != plan.cgroup_fds {
+        return Err(Failure::plain(
+            "read the request",
+            format!("expected {} cgroup descriptors, received {}", plan.cgroup_fds, cgroup_fds.len()),
+        ));
+    }
     process::die_with_parent(Some(plan.supervisor_pid))?;
     // Into the run's cgroup before anything of the run exists.
     let into_cgroup = match plan.cgroup {
@@ -102,12 +108,17 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), 
     userns::drop_supplementary_groups()?;
     userns::join(&user_ns, &mount_ns)?;
     drop((user_ns, mount_ns));
+    // The init learns whether this helper, its parent, still lives from the
+    // far end of this pipe: the helper holds the write end until it exits.
+    let (alive_read, alive_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| Failure::new("create the run's namespaces", "pipe", &e.into()))?;
     // SAFETY: the helper is single-threaded (a fresh exec that starts no threads).
     match unsafe { sys::clone_with_namespaces(RUN_NAMESPACES, into_cgroup.map(AsFd::as_fd)) }
         .map_err(|e| Failure::new("create the run's namespaces", "clone3", &e))?
     {
         Forked::Child => {
-            let Err(failure) = sandbox_init(plan, [stdin, stdout, stderr], socket);
+            drop(alive_write);
+            let Err(failure) = sandbox_init(plan, [stdin, stdout, stderr], socket, alive_read);
             let _ = protocol::send(socket, &Reply::Failed(failure), &[]);
             std::process::exit(125);
         }
@@ -149,8 +160,16 @@ fn wait_for_init(pid: i32, pidfd: &OwnedFd, socket: BorrowedFd<'_>) {
 /// PID 1 of the run's PID namespace. Builds the sandbox, starts the code,
 /// reaps every process until the code exits. When it exits, the kernel kills
 /// whatever the code left behind.
-fn sandbox_init(plan: &RunPlan, stdio: [OwnedFd; 3], socket: BorrowedFd<'_>) -> Result<Infallible, Failure> {
+fn sandbox_init(
+    plan: &RunPlan,
+    stdio: [OwnedFd; 3],
+    socket: BorrowedFd<'_>,
+    parent_alive: OwnedFd,
+) -> Result<Infallible, Failure> {
     process::die_with_parent(None)?;
+    // The death signal is set: if the helper died before that, it will not
+    // come, but the pipe says so. Either way no code runs unwatched.
+    process::exit_if_parent_gone(parent_alive)?;
     process::not_dumpable()?;
     rustix::system::sethostname(plan.hostname.as_bytes())
         .map_err(|e| Failure::new("set the hostname", "", &e.into()))?;

@@ -31,7 +31,7 @@ pub struct LinuxInstance {
     pub(crate) degraded: Vec<Layer>,
     pub(crate) seccomp: Arc<Vec<Instruction>>,
     pub(crate) landlock_abi: Option<u32>,
-    /// Bytes copied in so far.
+    /// Bytes copied in since the last run (the cap is per run).
     pub(crate) written: u64,
 }
 
@@ -64,6 +64,8 @@ impl Instance for LinuxInstance {
     }
 
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
+        // The copy-in cap counts what was copied in for this run.
+        self.written = 0;
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
         let program = driver::program(job, &self.runtime, &caps);
@@ -84,11 +86,9 @@ impl Instance for LinuxInstance {
         }
         let plan = RunPlan {
             supervisor_pid: std::process::id() as i32,
-            cgroup: match &self.cgroups {
-                None => CgroupEntry::None,
-                Some(Hierarchy::V1 { .. }) => CgroupEntry::EnterTasks,
-                Some(Hierarchy::V2 { .. }) => CgroupEntry::CloneInto,
-            },
+            // Filled in by `supervise::run` from the cgroup it is handed.
+            cgroup: CgroupEntry::None,
+            cgroup_fds: 0,
             hostname: "airlock".to_owned(),
             program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_fifo: program.reports,
@@ -165,14 +165,13 @@ impl Instance for LinuxInstance {
         if let Some(mut c) = cgroup.take() {
             c.remove().map_err(|e| SandboxError::io("removing the run's cgroup", e))?;
         }
-        self.execution(job, observed, stats, cgroup_version, &caps, proxy)
+        self.execution(observed, stats, cgroup_version, &caps, proxy)
     }
 }
 
 impl LinuxInstance {
     fn execution(
         &self,
-        job: &Job,
         observed: Observed,
         stats: crate::cgroup::CgroupStats,
         cgroup_version: Option<&'static str>,
@@ -234,7 +233,7 @@ impl LinuxInstance {
             Some(KillReason::SetupTimeout) => {
                 return Err(SandboxError::Setup {
                     step: "start the sandbox".to_owned(),
-                    detail: "it was not ready within 30 s".to_owned(),
+                    detail: format!("it was not ready within {:?}", supervise::SETUP_TIMEOUT),
                 });
             }
             None if stats.oom_kills > 0 && (!observed.exited || observed.signal == Some(SIGKILL)) => (
@@ -285,7 +284,6 @@ impl LinuxInstance {
                 driver::parse_report(&observed.report, caps)
             }
         });
-        let _ = job;
         Ok(Execution {
             status,
             limits_hit: hit,

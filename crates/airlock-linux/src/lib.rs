@@ -43,7 +43,6 @@ mod userns;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use airlock_core::{Backend, Instance, Probe, Runtime, SandboxError};
@@ -80,8 +79,8 @@ struct HostState {
 }
 
 impl LinuxBackend {
-    /// A backend that finds its helper through [`HELPER_ENV`], beside the
-    /// running program, or on PATH.
+    /// A backend that finds its helper through [`HELPER_ENV`], or beside the
+    /// running program.
     pub fn new() -> LinuxBackend {
         LinuxBackend::default()
     }
@@ -112,14 +111,16 @@ impl LinuxBackend {
         if let Some(path) = std::env::var_os(HELPER_ENV).filter(|p| !p.is_empty()) {
             return Ok(PathBuf::from(path));
         }
-        let beside = std::env::current_exe().ok().and_then(|exe| exe.parent().map(|d| d.join(HELPER_NAME)));
-        let on_path = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).map(|d| d.join(HELPER_NAME)).collect::<Vec<_>>())
-            .unwrap_or_default();
-        beside.into_iter().chain(on_path).find(|p| p.is_file()).ok_or_else(|| SandboxError::Missing {
-            what: format!("the sandbox helper `{HELPER_NAME}`"),
-            hint: format!("install it beside the airlock program or on PATH, or set {HELPER_ENV} to its path"),
-        })
+        // Beside the running program, never from PATH: whatever the helper
+        // is, the supervisor (often root) runs it to build the sandbox.
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|d| d.join(HELPER_NAME)))
+            .filter(|p| p.is_file())
+            .ok_or_else(|| SandboxError::Missing {
+                what: format!("the sandbox helper `{HELPER_NAME}`"),
+                hint: format!("install it beside the airlock program, or set {HELPER_ENV} to its path"),
+            })
     }
 }
 
@@ -149,6 +150,7 @@ impl Backend for LinuxBackend {
         };
         let [user_ns, mount_ns, stage, work, tmp] = setup(&helper, plan)?;
         for (name, content) in &runtime.tmp_seed {
+            // Checked as a path below a directory, as those below /work are.
             let path = SandboxPath::parse(name)?;
             copy::write(tmp.as_fd(), &path, content)?;
         }
@@ -173,19 +175,15 @@ impl Backend for LinuxBackend {
 /// Runs the helper's setup and returns the sandbox's descriptors:
 /// user ns, mount ns, stage root, /work, /tmp.
 fn setup(helper: &Path, plan: SetupPlan) -> Result<[OwnedFd; 5], SandboxError> {
-    use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
     let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
-    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-        .map_err(|e| SandboxError::io("creating a socket for the helper", e.into()))?;
-    let mut child = Command::new(helper)
-        .env_clear()
-        .stdin(Stdio::from(theirs))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| SandboxError::io(format!("starting the helper {}", helper.display()), e))?;
+    let (mut child, ours) =
+        supervise::spawn_helper(helper).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
     let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
-    let reply = sent.and_then(|()| protocol::recv::<Reply>(ours.as_fd()));
+    let reply = sent.and_then(|()| supervise::recv_within(ours.as_fd(), supervise::SETUP_TIMEOUT));
+    if reply.is_err() {
+        // A helper stuck (on a hung mount, say) must not hold the caller forever.
+        let _ = child.kill();
+    }
     let _ = child.wait();
     match reply {
         Ok(Some((Reply::SetupDone, fds))) => fds

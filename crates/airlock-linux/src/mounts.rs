@@ -6,12 +6,13 @@
 //! its directories. Its root is the sandbox's root: a layout of empty
 //! mountpoints and a generated /etc, made once.
 //!
-//! Each run then, in a fresh copy of that mount namespace: binds the host's
-//! /usr and the Python installation read-only onto their mountpoints, mounts
-//! a fresh /proc with sensitive entries masked, binds five devices, mounts a
-//! small tmpfs at /.airlock with the program, makes the root read-only
-//! (/work and /tmp stay writable as mounts of their own), and pivots into it.
-//! nosuid and nodev are set on every mount but the five devices.
+//! At setup the root is finished once: the host's /usr and the Python
+//! installation bound read-only onto their mountpoints, five devices bound,
+//! /work and /tmp made mounts of their own, the rest made read-only. Each run
+//! then, in a fresh copy of that mount namespace, mounts a fresh /proc with
+//! sensitive entries masked and a small tmpfs at /.airlock with the program,
+//! and pivots into the root. nosuid and nodev are set on every mount but the
+//! five devices.
 
 use std::fs;
 use std::io;

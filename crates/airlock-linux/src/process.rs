@@ -25,6 +25,19 @@ pub fn die_with_parent(expected_parent: Option<i32>) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Child side (the sandbox's init): fails if the helper, its parent, is gone
+/// already, as the end of `parent_alive` hanging up shows.
+pub fn exit_if_parent_gone(parent_alive: OwnedFd) -> Result<(), Failure> {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut fds = [PollFd::new(&parent_alive, PollFlags::IN)];
+    let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+    let _ = poll(&mut fds, Some(&zero));
+    if fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR) {
+        return Err(Failure::plain("die with the supervisor", "the helper is already gone"));
+    }
+    Ok(())
+}
+
 /// Child side: makes this process undumpable, so the code (same user) cannot
 /// open its /proc entries or ptrace it.
 pub fn not_dumpable() -> Result<(), Failure> {

@@ -19,8 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::seccomp::Instruction;
 
-/// The most descriptors one message carries.
-const MAX_FDS: usize = 8;
+/// The most descriptors one message carries: a run's request has the plan's
+/// memfd, five fixed descriptors and up to four cgroup `tasks` files.
+pub const MAX_FDS: usize = 16;
 /// The largest reply; replies are a few hundred bytes.
 const MAX_MESSAGE: usize = 64 * 1024;
 
@@ -86,6 +87,9 @@ pub struct RunPlan {
     pub supervisor_pid: i32,
     /// How the run enters its cgroup.
     pub cgroup: CgroupEntry,
+    /// How many cgroup descriptors follow the five fixed ones; the helper
+    /// refuses a request that lost any.
+    pub cgroup_fds: usize,
     pub hostname: String,
     /// Name and text of each file of the program (the driver, the code).
     pub program_files: Vec<(String, String)>,
@@ -215,6 +219,11 @@ pub fn recv<T: DeserializeOwned>(socket: BorrowedFd<'_>) -> io::Result<Option<(T
     if got.flags.contains(rustix::net::ReturnFlags::TRUNC) {
         return Err(io::Error::other("message too long"));
     }
+    // Descriptors the buffer could not hold are dropped by the kernel: never
+    // act on a message that lost some.
+    if got.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        return Err(io::Error::other("a message came with more descriptors than expected"));
+    }
     let value = serde_json::from_slice(&buf[..got.bytes]).map_err(io::Error::other)?;
     Ok(Some((value, fds)))
 }
@@ -251,31 +260,14 @@ mod bpf_base64 {
     use crate::seccomp::Instruction;
 
     pub fn serialize<S: Serializer>(program: &[Instruction], serializer: S) -> Result<S::Ok, S::Error> {
-        let mut bytes = Vec::with_capacity(program.len() * 8);
-        for i in program {
-            bytes.extend_from_slice(&i.code.to_le_bytes());
-            bytes.push(i.jt);
-            bytes.push(i.jf);
-            bytes.extend_from_slice(&i.k.to_le_bytes());
-        }
-        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(Instruction::to_bytes(program)))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Instruction>, D::Error> {
         let text = String::deserialize(deserializer)?;
         let bytes = base64::engine::general_purpose::STANDARD.decode(text).map_err(serde::de::Error::custom)?;
-        if bytes.len() % 8 != 0 {
-            return Err(serde::de::Error::custom("a BPF program is a whole number of 8-byte instructions"));
-        }
-        Ok(bytes
-            .chunks_exact(8)
-            .map(|c| Instruction {
-                code: u16::from_le_bytes([c[0], c[1]]),
-                jt: c[2],
-                jf: c[3],
-                k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
-            })
-            .collect())
+        Instruction::from_bytes(&bytes)
+            .ok_or_else(|| serde::de::Error::custom("a BPF program is a whole number of 8-byte instructions"))
     }
 }
 
@@ -289,6 +281,7 @@ mod tests {
         let plan = RunPlan {
             supervisor_pid: 1,
             cgroup: CgroupEntry::None,
+            cgroup_fds: 0,
             hostname: "airlock".into(),
             program_files: vec![("main.py".into(), "print('é')".into())],
             report_fifo: true,

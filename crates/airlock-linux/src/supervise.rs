@@ -6,7 +6,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use airlock_core::KillSwitch;
@@ -18,10 +18,10 @@ use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
 use crate::cgroup::{Placement, RunCgroup};
-use crate::protocol::{self, Failure, Reply, Request, RunPlan};
+use crate::protocol::{self, CgroupEntry, Failure, Reply, Request, RunPlan};
 
 /// How long the sandbox may take to be ready before the run is abandoned.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often CPU time and the kill switch are looked at.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
 const CHUNK: usize = 64 * 1024;
@@ -78,6 +78,31 @@ pub struct SandboxFds<'a> {
 /// the plan asked for one; returns a finisher the supervisor calls at the end.
 pub type ProxyStart<'a> = dyn FnMut(OwnedFd) + 'a;
 
+/// Starts the helper with a socket to it on its standard input. A fresh
+/// exec: the supervisor may be multi-threaded, so nothing is set up in its
+/// fork. The helper starts with an empty environment.
+pub fn spawn_helper(helper: &Path) -> io::Result<(Child, OwnedFd)> {
+    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    let child = Command::new(helper)
+        .env_clear()
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("starting the helper {}: {e}", helper.display())))?;
+    Ok((child, ours))
+}
+
+/// Waits up to `timeout` for one reply from the helper.
+pub fn recv_within(socket: BorrowedFd<'_>, timeout: Duration) -> io::Result<Option<(Reply, Vec<OwnedFd>)>> {
+    let mut fds = [PollFd::new(&socket, PollFlags::IN)];
+    let ts = rustix::time::Timespec::try_from(timeout).map_err(|_| io::Error::other("bad timeout"))?;
+    if poll(&mut fds, Some(&ts))? == 0 {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no answer from the helper within {timeout:?}")));
+    }
+    protocol::recv(socket)
+}
+
 /// Runs `plan` and watches it. Returns `Err` only when the helper could not
 /// even be started.
 pub fn run(
@@ -89,8 +114,17 @@ pub fn run(
     on_proxy: &mut ProxyStart<'_>,
 ) -> io::Result<Observed> {
     let (wants_report, wants_proxy) = (plan.report_fifo, plan.proxy_listener);
+    // How the helper enters the cgroup follows from the cgroup itself, so the
+    // plan and the descriptors sent with it cannot disagree.
+    let placement = cgroup.map(|c| c.placement()).transpose()?;
+    let mut plan = plan;
+    (plan.cgroup, plan.cgroup_fds) = match &placement {
+        None => (CgroupEntry::None, 0),
+        Some(Placement::EnterTasks(tasks)) => (CgroupEntry::EnterTasks, tasks.len()),
+        Some(Placement::CloneInto(_)) => (CgroupEntry::CloneInto, 1),
+    };
     let request = Request::Run(Box::new(plan));
-    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+
     // Only our ends are non-blocking: the code writes to a blocking pipe, as
     // any program expects.
     let (stdout_read, stdout_write) = pipe_with(PipeFlags::CLOEXEC)?;
@@ -111,15 +145,7 @@ pub fn run(
         (r, Some(w))
     };
 
-    // A fresh exec: the supervisor may be multi-threaded, so nothing is set
-    // up in its fork. The helper starts with an empty environment.
-    let mut child = Command::new(helper)
-        .env_clear()
-        .stdin(Stdio::from(theirs))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("starting the helper {}: {e}", helper.display())))?;
+    let (mut child, ours) = spawn_helper(helper)?;
     let helper_pid = child.id();
     let mut observed = Observed::default();
 
@@ -128,7 +154,6 @@ pub fn run(
         let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
         // The helper puts the run into its cgroup itself, before the run's
         // first process exists: every process, every byte, is counted.
-        let placement = cgroup.map(|c| c.placement()).transpose()?;
         let mut fds =
             vec![sandbox.user_ns, sandbox.mount_ns, stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()];
         match &placement {

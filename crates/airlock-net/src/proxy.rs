@@ -515,6 +515,10 @@ fn tunnel(
     // A Host header is optional on CONNECT; without a port it names the host only.
     check_host_header(head, &host, port, None, &head.target)?;
     let addresses = run.config.route(&host, port)?;
+    // A lookup may outlast the run: never dial for a run that is over.
+    if run.stopping.load(Ordering::SeqCst) {
+        return Err(Stop::Ended);
+    }
     let (upstream, dialled) = dial(&addresses, run.config.connect_timeout)?;
     connection.allow(dialled);
     run.track(connection.id, &upstream)?;
@@ -613,6 +617,10 @@ fn forward(
     }
     let mut framing = BodyFraming::of(head).map_err(|e| bad_request(e.to_string()))?;
     let addresses = run.config.route(&url.host, url.port)?;
+    // A lookup may outlast the run: never dial for a run that is over.
+    if run.stopping.load(Ordering::SeqCst) {
+        return Err(Stop::Ended);
+    }
     let (upstream, dialled) = dial(&addresses, run.config.connect_timeout)?;
     connection.allow(dialled);
     run.track(connection.id, &upstream)?;

@@ -447,6 +447,9 @@ impl Policy {
                 ),
             });
         }
+        if let Some(layer) = self.allow_degraded.iter().find(|l| !Layer::DEGRADABLE.contains(l)) {
+            return Err(PolicyError::LayerNotDegradable { layer: *layer });
+        }
         for (key, value) in &self.env {
             if !is_env_key(key) {
                 return Err(PolicyError::BadEnvKey { key: key.clone() });

@@ -58,7 +58,7 @@ impl McpServer {
 
     /// The tools, described from the server's own settings.
     pub fn tools(&self) -> Vec<Tool> {
-        let read_only = ToolAnnotations::new()
+        let annotations = ToolAnnotations::new()
             .read_only(false)
             .destructive(false)
             .idempotent(true)
@@ -66,10 +66,10 @@ impl McpServer {
         vec![
             Tool::new(PYTHON_TOOL, self.describe(Language::Python), self.input_schema(Language::Python))
                 .with_title("Run Python in a sandbox")
-                .with_annotations(read_only.clone()),
+                .with_annotations(annotations.clone()),
             Tool::new(SHELL_TOOL, self.describe(Language::Sh), self.input_schema(Language::Sh))
                 .with_title("Run a shell script in a sandbox")
-                .with_annotations(read_only),
+                .with_annotations(annotations),
         ]
     }
 

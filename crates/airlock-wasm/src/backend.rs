@@ -413,7 +413,7 @@ impl WasmInstance {
                         Some(Limit::OpenFiles),
                         format!("the run held more than {} files open and was stopped", limits.open_files),
                     ),
-                    Stop::Killed => (Status::Failed, None, "the run was stopped by its caller".to_owned()),
+                    Stop::Killed => (Status::SandboxError, None, "stopped on request before it finished".to_owned()),
                 };
                 if let Some(limit) = limit {
                     limits_hit.insert(limit);

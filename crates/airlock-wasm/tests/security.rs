@@ -61,8 +61,10 @@ fn the_environment_holds_only_what_was_given() {
     assert_eq!(e.status, Status::Ok, "{}", stderr(&e));
     assert_eq!(
         value(&e),
-        "[('GIVEN', 'yes'), ('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('MPLBACKEND', 'module://airlock_inline_backend'), \
-         ('MPLCONFIGDIR', '/tmp/.matplotlib'), ('PATH', '/usr/local/bin:/usr/bin:/bin'), ('TMPDIR', '/tmp')]"
+        "[('GIVEN', 'yes'), ('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('MKL_NUM_THREADS', '1'), \
+         ('MPLBACKEND', 'module://airlock_inline_backend'), ('MPLCONFIGDIR', '/tmp/.matplotlib'), \
+         ('NUMEXPR_NUM_THREADS', '1'), ('OMP_NUM_THREADS', '1'), ('OPENBLAS_NUM_THREADS', '1'), \
+         ('PATH', '/usr/local/bin:/usr/bin:/bin'), ('TMPDIR', '/tmp')]"
     );
 }
 

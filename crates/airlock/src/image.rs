@@ -343,7 +343,19 @@ fn build_into(
         what: format!("installing {wanted} packages from the package index"),
     });
     let mut pip = Command::new(&python)
-        .args(["-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off", "-r"])
+        // Wheels only: a source package would run its build code here, on the
+        // host, outside any sandbox.
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--only-binary=:all:",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "-r",
+        ])
         .arg(&requirements_file)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

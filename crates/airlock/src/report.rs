@@ -25,8 +25,14 @@ fn stream(out: &mut String, name: &str, text: &str, truncated: bool) {
 }
 
 /// The report: code, output, value or error, figures, artefacts, then a
-/// status line with the limit that stopped the run and what it used.
+/// status line with the limit that stopped the run and what it used. Nearly
+/// all of it came from the sandbox, so it is escaped as a whole: nothing in
+/// it can drive the terminal that shows it.
 pub fn render(record: &RunRecord) -> String {
+    airlock_core::terminal_safe(&render_raw(record))
+}
+
+fn render_raw(record: &RunRecord) -> String {
     let mut out = String::new();
     section(&mut out, &format!("code ({})", record.language));
     let lines: Vec<&str> = record.code.lines().collect();

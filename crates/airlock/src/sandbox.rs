@@ -227,6 +227,14 @@ impl Sandbox {
     /// A sandbox made by a backend of the caller's (a Linux backend with its
     /// helper at a given path, say).
     pub fn with_backend(backend: &dyn Backend, policy: Policy, runtime: Runtime) -> Result<Sandbox, Error> {
+        if backend.kind() != policy.backend {
+            // The record would name one backend while another ran the code.
+            return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
+                backend: "airlock",
+                what: format!("run a {} policy on the {} backend", policy.backend, backend.kind()),
+                reason: "the policy's backend and the backend given must be the same".to_owned(),
+            }));
+        }
         let instance = backend.create(&policy, &runtime)?;
         Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None })
     }
@@ -244,7 +252,9 @@ impl Sandbox {
         &self.runtime
     }
 
-    /// A handle that stops the current run from another thread.
+    /// A handle that stops the current run from another thread, and every
+    /// later one: a sandbox whose switch was thrown refuses to run again
+    /// (make a new one).
     pub fn kill_switch(&self) -> KillSwitch {
         self.kill.clone()
     }
@@ -337,9 +347,18 @@ impl Sandbox {
             policy: &self.policy,
             image: self.runtime.image.clone(),
             runtime_description: &self.runtime.describe,
-            inputs: self.inputs.clone(),
+            // The files copied in for this run; the next run's record lists its own.
+            inputs: std::mem::take(&mut self.inputs),
         };
-        let mut rec = match self.instance.run(&job, &self.kill) {
+        let outcome = if self.kill.is_killed() {
+            Err(airlock_core::SandboxError::Setup {
+                step: "start the run".to_owned(),
+                detail: "this sandbox was stopped with its kill switch; make a new one".to_owned(),
+            })
+        } else {
+            self.instance.run(&job, &self.kill)
+        };
+        let mut rec = match outcome {
             Ok(execution) => record::assemble(&ctx, execution),
             Err(error) => {
                 let isolation = Isolation { backend: self.policy.backend.to_string(), ..Isolation::default() };

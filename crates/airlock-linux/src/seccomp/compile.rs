@@ -26,6 +26,38 @@ pub struct Instruction {
     pub k: u32,
 }
 
+impl Instruction {
+    /// A program as the kernel reads it: each instruction's 8 bytes, little-endian.
+    pub fn to_bytes(program: &[Instruction]) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(program.len() * 8);
+        for i in program {
+            bytes.extend_from_slice(&i.code.to_le_bytes());
+            bytes.push(i.jt);
+            bytes.push(i.jf);
+            bytes.extend_from_slice(&i.k.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// The inverse of [`Instruction::to_bytes`]; `None` unless whole instructions.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Vec<Instruction>> {
+        if bytes.len() % 8 != 0 {
+            return None;
+        }
+        Some(
+            bytes
+                .chunks_exact(8)
+                .map(|c| Instruction {
+                    code: u16::from_le_bytes([c[0], c[1]]),
+                    jt: c[2],
+                    jf: c[3],
+                    k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+                })
+                .collect(),
+        )
+    }
+}
+
 const LD_W_ABS: u16 = 0x20;
 const JMP_JA: u16 = 0x05;
 const JMP_JEQ_K: u16 = 0x15;
@@ -134,7 +166,6 @@ impl Assembler {
             .map(|(at, item)| match item {
                 Pending::Ready(i) => i,
                 Pending::Jump(label) => {
-                    // Every label is placed after every jump to it: forward only.
                     // Every label is placed after every jump to it (forward
                     // only), which the layout above guarantees.
                     let target = labels[&label];

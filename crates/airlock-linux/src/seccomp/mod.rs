@@ -29,15 +29,8 @@ pub const DEFAULT_POLICY: &str = include_str!("../../seccomp/default.toml");
 /// The default policy compiled to BPF by the build script (build.rs), which
 /// leaves it at the crate root as `DEFAULT_SECCOMP_BPF`.
 pub fn default_program() -> Vec<Instruction> {
-    crate::DEFAULT_SECCOMP_BPF
-        .chunks_exact(8)
-        .map(|c| Instruction {
-            code: u16::from_le_bytes([c[0], c[1]]),
-            jt: c[2],
-            jf: c[3],
-            k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
-        })
-        .collect()
+    // build.rs wrote whole instructions; an empty program would fail loudly at install.
+    Instruction::from_bytes(crate::DEFAULT_SECCOMP_BPF).unwrap_or_default()
 }
 
 /// What the filter does with a syscall.
