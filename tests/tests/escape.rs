@@ -401,3 +401,62 @@ fn read_from_the_terminal_is_impossible() {
     assert!(out.starts_with("notty"), "{out}");
     assert!(out.ends_with("[]"), "stdin is /dev/null: {out}");
 }
+
+#[test]
+fn the_code_is_an_unprivileged_user_on_the_host_and_owns_what_is_copied_in() {
+    // Root's sandboxes run as nobody on the host (root's uid is not even
+    // mapped inside); anyone else's run as that user.
+    // SAFETY: geteuid and getegid cannot fail and touch no memory.
+    let (our_uid, our_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let expected = if our_uid == 0 { "65534".to_owned() } else { our_uid.to_string() };
+    let expected_gid = if our_uid == 0 { "65534".to_owned() } else { our_gid.to_string() };
+    // Alone: other tests check that no run of this binary is left.
+    let _alone = exclusive();
+    let marker = marker("host-uid");
+    let mut sandbox = airlock_tests::sandbox(Policy::default());
+    sandbox.write("data/in.txt", b"copied in").unwrap();
+    let code = format!(
+        r#"
+import os, subprocess
+st = os.stat("/work/data/in.txt")
+with open("/work/data/in.txt", "a") as f:
+    f.write(", then changed")
+os.rename("/work/data/in.txt", "/work/data/moved.txt")
+print(os.getuid(), os.getgid(), st.st_uid, st.st_gid, os.stat("/work/data").st_uid)
+subprocess.run(["/bin/sh", "-c", "sleep 3", "{marker}"])
+"#
+    );
+    let watcher = std::thread::spawn({
+        let marker = marker.clone();
+        move || {
+            // The code's shell, seen from the host: its real, effective,
+            // saved and filesystem ids.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while std::time::Instant::now() < deadline {
+                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                    if String::from_utf8_lossy(&cmdline).contains(&marker) {
+                        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+                        let ids = |key: &str| {
+                            status
+                                .lines()
+                                .find(|l| l.starts_with(key))
+                                .map(|l| l[key.len()..].split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+                        };
+                        if let (Some(uids), Some(gids)) = (ids("Uid:"), ids("Gid:")) {
+                            return Some((uids, gids));
+                        }
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            None
+        }
+    });
+    let record = sandbox.run(&code);
+    assert_eq!(ok_stdout(&record), "1000 1000 1000 1000 1000");
+    assert_eq!(sandbox.read("data/moved.txt").unwrap(), b"copied in, then changed");
+    let (uids, gids) = watcher.join().unwrap().expect("the code's process was seen from the host");
+    assert_eq!(uids, vec![expected.clone(); 4], "host uids of the code");
+    assert_eq!(gids, vec![expected_gid; 4], "host gids of the code");
+}

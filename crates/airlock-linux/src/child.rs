@@ -60,10 +60,15 @@ fn take_socket() -> std::io::Result<OwnedFd> {
 /// /work, /tmp and the root, finished but for /proc and the program. The namespaces outlive this process
 /// through the descriptors it hands back.
 fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
-    process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
     userns::enter_new()?;
-    let trees = mounts::mount_stage(plan.tmpfs_bytes, plan.tmpfs_inodes, &plan.binds)?;
+    // Cloned with the caller's access to the host's files: the Python
+    // installation may lie below a folder only the caller may enter.
+    let trees = mounts::clone_binds(&plan.binds)?;
+    userns::become_sandbox_user()?;
+    // After the change of user, which clears it.
+    process::die_with_parent(Some(plan.supervisor_pid))?;
+    mounts::mount_stage(plan.tmpfs_bytes, plan.tmpfs_inodes)?;
     mounts::create_layout(&plan.layout)?;
     mounts::attach_root(trees)?;
     let fds = [
@@ -166,6 +171,9 @@ fn sandbox_init(
     socket: BorrowedFd<'_>,
     parent_alive: OwnedFd,
 ) -> Result<Infallible, Failure> {
+    // Before anything is made: all of it belongs to the sandbox's user.
+    userns::become_sandbox_user()?;
+    // After the change of user, which clears it.
     process::die_with_parent(None)?;
     // The death signal is set: if the helper died before that, it will not
     // come, but the pipe says so. Either way no code runs unwatched.

@@ -33,6 +33,9 @@ pub fn write(work: BorrowedFd<'_>, path: &SandboxPath, data: &[u8]) -> Result<()
             _ => e.to_string(),
         }
     };
+    // What is copied in belongs to the code, as if it had made it itself.
+    let _owner = crate::userns::files_as_sandbox_user()
+        .map_err(|e| fail(format!("could not create files as the sandbox's user: {e}")))?;
     let mut dir: Option<OwnedFd> = None;
     for parent in path.parents() {
         let at = dir.as_ref().map_or(work, AsFd::as_fd);

@@ -168,8 +168,8 @@ fn mount_fs(fstype: &str, target: &Path, flags: MountFlags, options: &str) -> ru
 
 /// Child side, at setup: clones the trees to bind (the host's /usr, the
 /// interpreter, the devices) before the stage covers /tmp (a source may lie
-/// below it), then mounts the stage tmpfs at [`STAGE`].
-pub fn mount_stage(bytes: u64, inodes: u64, binds: &[Bind]) -> Result<Vec<(OwnedFd, PathBuf)>, Failure> {
+/// below it).
+pub fn clone_binds(binds: &[Bind]) -> Result<Vec<(OwnedFd, PathBuf)>, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     let mut trees = Vec::new();
@@ -183,10 +183,15 @@ pub fn mount_stage(bytes: u64, inodes: u64, binds: &[Bind]) -> Result<Vec<(Owned
         trees
             .push((clone_tree(&Path::new("/dev").join(name), attributes, false)?, stage_path(&format!("/dev/{name}"))));
     }
+    Ok(trees)
+}
+
+/// Child side, at setup, once the binds are cloned: mounts the stage tmpfs
+/// at [`STAGE`].
+pub fn mount_stage(bytes: u64, inodes: u64) -> Result<(), Failure> {
     let options = format!("size={bytes},nr_inodes={inodes},mode=0755");
     mount_fs("tmpfs", Path::new(STAGE), MountFlags::NOSUID | MountFlags::NODEV, &options)
-        .map_err(|e| Failure::new("mount the work tmpfs", options.clone(), &e.into()))?;
-    Ok(trees)
+        .map_err(|e| Failure::new("mount the work tmpfs", options, &e.into()))
 }
 
 /// Child side, at setup, once the layout exists: attaches the cloned trees

@@ -82,6 +82,28 @@ pub unsafe fn fork() -> io::Result<Forked> {
     }
 }
 
+/// Sets this thread's filesystem uid and gid, returning the previous ones.
+/// The raw system calls, not glibc's wrappers: they change this thread
+/// alone, where glibc would change every thread of the process.
+pub fn set_thread_fs_ids(uid: u32, gid: u32) -> io::Result<(u32, u32)> {
+    // setfsuid and setfsgid return the previous id whether or not they
+    // succeeded; asking again with -1 (never a valid id) tells which.
+    let set = |call: libc::c_long, id: u32| {
+        // SAFETY: the call takes one integer and changes only this thread's
+        // credentials; it touches no memory.
+        let previous = unsafe { libc::syscall(call, id) } as u32;
+        // SAFETY: as above; -1 changes nothing and returns the current id.
+        let now = unsafe { libc::syscall(call, u32::MAX) } as u32;
+        if now == id { Ok(previous) } else { Err(io::Error::from(io::ErrorKind::PermissionDenied)) }
+    };
+    // The group first, while the uid may still be root's.
+    let previous_gid = set(libc::SYS_setfsgid, gid)?;
+    let previous_uid = set(libc::SYS_setfsuid, uid).inspect_err(|_| {
+        let _ = set(libc::SYS_setfsgid, previous_gid);
+    })?;
+    Ok((previous_uid, previous_gid))
+}
+
 /// Installs a seccomp filter on this thread (the process is single-threaded).
 pub fn install_seccomp(program: &[Instruction]) -> io::Result<()> {
     #[repr(C)]

@@ -1,38 +1,182 @@
 //! User namespaces: the sandbox's own, where its code runs as an
-//! unprivileged user mapped to the caller's.
+//! unprivileged user, [`SANDBOX_UID`] inside and an unprivileged user on the
+//! host too.
+//!
+//! An ordinary caller maps the sandbox's user to itself, which needs no
+//! privilege. Root must not: code running as host uid 0, even without a
+//! capability, would own every root-owned file a later kernel bug exposed
+//! and count against no per-user limit. So as root the sandbox's user is
+//! [`HOST_ID_FOR_ROOT`] (nobody) on the host, and root's own uid is not
+//! mapped into the namespace at all. Such a map needs CAP_SETUID in the
+//! parent namespace, which the helper loses the moment it unshares, so a
+//! child forked before the unshare writes it.
 
 use std::fs;
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::thread::{LinkNameSpaceType, UnshareFlags, move_into_link_name_space};
 
 use crate::mounts::{SANDBOX_GID, SANDBOX_UID};
 use crate::protocol::Failure;
+use crate::sys::{self, Forked};
 
-/// Child side, at setup: a new user and mount namespace in which this
-/// process's user is [`SANDBOX_UID`]. Mapping only our own ids needs no
-/// privilege, so the same path serves root and ordinary users.
+/// The host uid and gid the sandbox's user is when the supervisor is root.
+pub const HOST_ID_FOR_ROOT: u32 = 65534;
+
+/// The host uid and gid the sandbox's user maps to for this process.
+fn host_ids() -> (u32, u32) {
+    if rustix::process::geteuid().is_root() {
+        (HOST_ID_FOR_ROOT, HOST_ID_FOR_ROOT)
+    } else {
+        (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw())
+    }
+}
+
+/// Child side, at setup: a new user and mount namespace in which
+/// [`SANDBOX_UID`] is the host user of [`host_ids`]. The helper keeps its
+/// host uid (and with it its access to the host's files, to clone the trees
+/// it binds) until [`become_sandbox_user`].
 pub fn enter_new() -> Result<(), Failure> {
-    let uid = rustix::process::geteuid().as_raw();
-    let gid = rustix::process::getegid().as_raw();
-    let step = "create the user namespace";
+    let (uid, gid) = host_ids();
+    let maps = [
+        // setgroups must be denied before an unprivileged process may map
+        // its group; as root it is denied too, so nothing inside can drop a
+        // group to get around a group's denial.
+        ("setgroups", "deny".to_owned()),
+        ("uid_map", format!("{SANDBOX_UID} {uid} 1")),
+        ("gid_map", format!("{SANDBOX_GID} {gid} 1")),
+    ];
+    if rustix::process::geteuid().is_root() {
+        return enter_new_mapped_from_outside(&maps);
+    }
+    unshare()?;
+    for (file, content) in &maps {
+        fs::write(format!("/proc/self/{file}"), content)
+            .map_err(|e| Failure::new(STEP, format!("write {file}"), &e))?;
+    }
+    Ok(())
+}
+
+const STEP: &str = "create the user namespace";
+
+fn unshare() -> Result<(), Failure> {
     // SAFETY: the helper is single-threaded, and CLONE_NEWUSER | CLONE_NEWNS
     // do not unshare file descriptor tables or anything Rust holds.
     unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS) }.map_err(|e| {
         Failure::new(
-            step,
+            STEP,
             "unshare(CLONE_NEWUSER); enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
              user.max_user_namespaces > 0, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0)",
             &e.into(),
         )
-    })?;
-    // setgroups must be denied before an unprivileged process may map its group.
-    let write = |file: &str, content: String| {
-        fs::write(format!("/proc/self/{file}"), &content).map_err(|e| Failure::new(step, format!("write {file}"), &e))
-    };
-    write("setgroups", "deny".into())?;
-    write("uid_map", format!("{SANDBOX_UID} {uid} 1"))?;
-    write("gid_map", format!("{SANDBOX_GID} {gid} 1"))
+    })
+}
+
+/// As root: forks a child that stays in the host's user namespace, unshares,
+/// and has the child write the maps into this process's namespace.
+fn enter_new_mapped_from_outside(maps: &[(&str, String)]) -> Result<(), Failure> {
+    let pipe =
+        || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| Failure::new(STEP, "pipe", &e.into()));
+    let (go_read, go_write) = pipe()?;
+    let (said_read, said_write) = pipe()?;
+    let helper = rustix::process::getpid().as_raw_nonzero().get();
+    // SAFETY: the helper is single-threaded (a fresh exec that starts no threads).
+    match unsafe { sys::fork() }.map_err(|e| Failure::new(STEP, "fork the map writer", &e))? {
+        Forked::Child => {
+            drop((go_write, said_read));
+            // One byte: the helper has unshared. End of file: it gave up.
+            let mut go = [0u8; 1];
+            let code = match rustix::io::read(&go_read, &mut go) {
+                Ok(1) => write_maps(helper, maps, said_write.as_fd()),
+                _ => 1,
+            };
+            // SAFETY: _exit ends this forked copy without running anything
+            // of the helper's (no destructors, no atexit handlers).
+            unsafe { libc::_exit(code) }
+        }
+        Forked::Parent { pid, .. } => {
+            drop((go_read, said_write));
+            let unshared = unshare();
+            if unshared.is_ok() {
+                let _ = rustix::io::write(&go_write, &[1]);
+            }
+            drop(go_write);
+            let mut said = String::new();
+            let _ = fs::File::from(said_read).read_to_string(&mut said);
+            let status = rustix::process::Pid::from_raw(pid)
+                .and_then(|pid| rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).ok())
+                .flatten();
+            unshared?;
+            let exited_cleanly = status.and_then(|(_, s)| s.exit_status()) == Some(0);
+            if !said.is_empty() || !exited_cleanly {
+                return Err(Failure::plain(
+                    STEP,
+                    format!("map the sandbox's user to host uid {HOST_ID_FOR_ROOT}: {said}"),
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The map writer's work, in the forked child: returns its exit code and
+/// explains a failure on `said`.
+fn write_maps(helper: i32, maps: &[(&str, String)], said: std::os::fd::BorrowedFd<'_>) -> i32 {
+    for (file, content) in maps {
+        if let Err(e) = fs::write(format!("/proc/{helper}/{file}"), content) {
+            let _ = rustix::io::write(said, format!("write {file}: {e}").as_bytes());
+            return 1;
+        }
+    }
+    0
+}
+
+/// Child side, in the namespace: becomes [`SANDBOX_UID`] and
+/// [`SANDBOX_GID`], keeping this process's capabilities in the namespace.
+/// For an ordinary caller this changes nothing (its ids are the ones mapped);
+/// for root it leaves host uid 0, which is not mapped here, so that every
+/// file the sandbox makes from now on belongs to the sandbox's user.
+///
+/// The capabilities stay because the kernel clears them only when a uid
+/// changes away from the namespace's uid 0, and uid 0 is never mapped.
+/// A change of credentials does clear the parent-death signal: callers set
+/// it afterwards.
+pub fn become_sandbox_user() -> Result<(), Failure> {
+    let step = "become the sandbox's user";
+    let gid = rustix::process::Gid::from_raw(SANDBOX_GID);
+    rustix::thread::set_thread_res_gid(gid, gid, gid).map_err(|e| Failure::new(step, "setresgid", &e.into()))?;
+    let uid = rustix::process::Uid::from_raw(SANDBOX_UID);
+    rustix::thread::set_thread_res_uid(uid, uid, uid).map_err(|e| Failure::new(step, "setresuid", &e.into()))
+}
+
+/// Supervisor side: while the returned guard lives, this thread creates
+/// files as the sandbox's host user, so what it copies in belongs to the
+/// code. Only root needs it: root's uid is not mapped in the sandbox, and
+/// the kernel refuses to create a file whose owner the namespace cannot name.
+/// Only this thread's filesystem ids change (not the process's, which a
+/// server shares between threads), and the guard puts them back.
+pub fn files_as_sandbox_user() -> std::io::Result<FsIdentity> {
+    if !rustix::process::geteuid().is_root() {
+        return Ok(FsIdentity { restore: None });
+    }
+    let previous = sys::set_thread_fs_ids(HOST_ID_FOR_ROOT, HOST_ID_FOR_ROOT)?;
+    Ok(FsIdentity { restore: Some(previous) })
+}
+
+/// See [`files_as_sandbox_user`].
+#[must_use]
+pub struct FsIdentity {
+    restore: Option<(u32, u32)>,
+}
+
+impl Drop for FsIdentity {
+    fn drop(&mut self) {
+        if let Some((uid, gid)) = self.restore {
+            // Back to root's ids, which root may always take.
+            let _ = sys::set_thread_fs_ids(uid, gid);
+        }
+    }
 }
 
 /// Child side, per run: joins the sandbox's user namespace, then its mount
