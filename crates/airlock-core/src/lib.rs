@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod driver;
 pub mod error;
+pub mod host;
 pub mod output;
 pub mod paths;
 pub mod record;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 
 use airlock_core::Probe;
-use airlock_policy::{BackendKind, HostFacts, Layer};
+use airlock_policy::{BackendKind, Layer};
 
 use crate::cgroup::Hierarchy;
 use crate::sys;
@@ -61,7 +61,7 @@ pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
             missing.insert(Layer::Cgroups, why.clone());
         }
     }
-    Probe { backend: BackendKind::Linux, host: host_facts(), available, missing, details }
+    Probe { backend: BackendKind::Linux, host: airlock_core::host::facts(), available, missing, details }
 }
 
 fn user_namespaces() -> Result<(), String> {
@@ -76,23 +76,4 @@ fn user_namespaces() -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// Memory, CPUs, pid_max and nr_open of this host.
-pub fn host_facts() -> HostFacts {
-    let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let memory_kib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    let read =
-        |path: &str, default: u32| fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default);
-    let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-    HostFacts {
-        memory_bytes: memory_kib * 1024,
-        cpus,
-        pid_max: read("/proc/sys/kernel/pid_max", 32768),
-        nr_open: read("/proc/sys/fs/nr_open", 1 << 20),
-    }
 }

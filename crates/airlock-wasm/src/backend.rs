@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use airlock_core::driver::{self, PROGRAM_DIR, REPORT_FILE, ReportCaps};
 use airlock_core::{ArtifactError, Backend, Execution, Instance, Job, KillSwitch, Probe, Runtime, SandboxError};
-use airlock_policy::{BackendKind, HostFacts, Isolation, Language, Layer, Limit, Policy, SandboxPath, Status, Usage};
+use airlock_policy::{BackendKind, Isolation, Language, Layer, Limit, Policy, SandboxPath, Status, Usage};
 use wasmtime::{Engine, InstancePre};
 
 use crate::cache::{self, WASMTIME_VERSION};
@@ -145,7 +145,7 @@ impl Backend for WasmBackend {
                 missing.insert(Layer::Wasm, e.to_string());
             }
         }
-        Ok(Probe { backend: BackendKind::Wasm, host: host_facts(), available, missing, details })
+        Ok(Probe { backend: BackendKind::Wasm, host: airlock_core::host::facts(), available, missing, details })
     }
 
     fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError> {
@@ -167,20 +167,6 @@ impl Backend for WasmBackend {
             env.entry(key.to_owned()).or_insert_with(|| value.to_owned());
         }
         Ok(Box::new(WasmInstance { loaded, policy: policy.clone(), env, work, work_fd, copied_in: 0 }))
-    }
-}
-
-fn host_facts() -> HostFacts {
-    let memory_bytes = rustix::system::sysinfo().totalram.saturating_mul(u64::from(rustix::system::sysinfo().mem_unit));
-    let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-    let read_u32 = |path: &str, default: u32| {
-        std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default)
-    };
-    HostFacts {
-        memory_bytes,
-        cpus,
-        pid_max: read_u32("/proc/sys/kernel/pid_max", 32_768),
-        nr_open: read_u32("/proc/sys/fs/nr_open", 1_048_576),
     }
 }
 
