@@ -135,7 +135,10 @@ impl Instance for LinuxInstance {
         let mut proxy: Option<Result<airlock_net::ProxyHandle, airlock_net::NetError>> = None;
         let mut start_proxy = |listener: OwnedFd| {
             let config = airlock_net::ProxyConfig::from_policy(&self.policy.network);
-            proxy = Some(airlock_net::Proxy::start(std::net::TcpListener::from(listener), config));
+            let started = airlock_net::Proxy::start(std::net::TcpListener::from(listener), config);
+            let ok = started.is_ok();
+            proxy = Some(started);
+            ok
         };
         let observed = supervise::run(
             &self.helper,
@@ -230,6 +233,13 @@ impl LinuxInstance {
                 format!("stopped when its output passed the limit of {} bytes per stream", limits.output_bytes),
             ),
             Some(KillReason::Requested) => (Status::SandboxError, "stopped on request before it finished".to_owned()),
+            // Reported as the proxy's own error before the run gets here.
+            Some(KillReason::ProxyFailed) => {
+                return Err(SandboxError::Setup {
+                    step: "start the network proxy".to_owned(),
+                    detail: "the proxy did not start".to_owned(),
+                });
+            }
             Some(KillReason::SetupTimeout) => {
                 return Err(SandboxError::Setup {
                     step: "start the sandbox".to_owned(),

@@ -45,6 +45,9 @@ pub enum KillReason {
     Output,
     Requested,
     SetupTimeout,
+    /// The proxy for the allowed hosts could not start: the code must not
+    /// run on, finding its network broken.
+    ProxyFailed,
 }
 
 /// What the supervisor saw of a run.
@@ -75,8 +78,9 @@ pub struct SandboxFds<'a> {
 }
 
 /// Called once the sandbox is ready, with the proxy's listening socket when
-/// the plan asked for one; returns a finisher the supervisor calls at the end.
-pub type ProxyStart<'a> = dyn FnMut(OwnedFd) + 'a;
+/// the plan asked for one; returns whether the proxy started (if not, the
+/// run is killed at once).
+pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
 
 /// Starts the helper with a socket to it on its standard input. A fresh
 /// exec: the supervisor may be multi-threaded, so nothing is set up in its
@@ -307,7 +311,9 @@ pub fn run(
                         }
                         if wants_proxy {
                             if let Some(listener) = fds.next() {
-                                on_proxy(listener);
+                                if !on_proxy(listener) {
+                                    kill(&mut observed, KillReason::ProxyFailed, &init_pidfd);
+                                }
                             }
                         }
                         if observed.killed.is_some() {

@@ -398,6 +398,10 @@ fn build_into(
         .stderr(Stdio::null())
         .status();
 
+    // The sandbox's user is not the builder (as root, it is nobody): under a
+    // strict umask the packages would be unreadable inside.
+    readable_by_all(staging).map_err(|e| format!("making the image readable: {e}"))?;
+
     progress(BuildEvent::Step { index: 5, total: steps, what: "recording what the image holds".to_owned() });
     let listing = Command::new(&python)
         .args(["-m", "pip", "list", "--format", "json", "--disable-pip-version-check"])
@@ -433,6 +437,28 @@ fn run_quiet(command: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
+/// Adds read (and, where anyone may execute, execute) permission for all to
+/// every file and folder below `dir`, following no link.
+fn readable_by_all(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_symlink() {
+            continue;
+        }
+        let mode = entry.metadata()?.permissions().mode();
+        let wanted = if kind.is_dir() || mode & 0o111 != 0 { mode | 0o555 } else { mode | 0o444 };
+        if wanted != mode {
+            fs::set_permissions(entry.path(), fs::Permissions::from_mode(wanted))?;
+        }
+        if kind.is_dir() {
+            readable_by_all(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 fn dir_size(dir: &Path) -> u64 {
     let Ok(entries) = fs::read_dir(dir) else { return 0 };
     entries
@@ -448,6 +474,31 @@ fn dir_size(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_strict_umask_still_gives_an_image_the_sandbox_can_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("venv/lib");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(dir.join("module.py"), "x = 1").unwrap();
+        fs::set_permissions(dir.join("module.py"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(dir.join("tool"), "#!/bin/sh").unwrap();
+        fs::set_permissions(dir.join("tool"), fs::Permissions::from_mode(0o700)).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let private = elsewhere.path().join("private");
+        fs::write(&private, "not the image's").unwrap();
+        fs::set_permissions(&private, fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&private, dir.join("link")).unwrap();
+        readable_by_all(root.path()).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(mode(&dir.join("module.py")), 0o644);
+        assert_eq!(mode(&dir.join("tool")), 0o755);
+        // The link was not followed.
+        assert_eq!(mode(&private), 0o600);
+    }
 
     fn interp() -> Interpreter {
         Interpreter {
