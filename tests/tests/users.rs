@@ -183,3 +183,24 @@ fn with_a_delegated_cgroup_every_limit_holds() {
         assert!(children.is_empty(), "{children:?}");
     }
 }
+
+#[test]
+fn root_where_nobody_does_not_exist_is_refused_never_run_as_root() {
+    // Root in a user namespace that maps only itself (`unshare -r`): airlock
+    // would have to run the code as that root, so it refuses and says why.
+    let home = tempfile::tempdir().unwrap();
+    let output = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--"])
+        .arg(airlock_bin())
+        .args(["run", "--python", "/usr/bin/python3", "-c", "print('ran')"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("AIRLOCK_HOME", home.path())
+        .env("AIRLOCK_INIT", helper())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(125), "{stderr}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("ran"));
+    assert!(stderr.contains("65534 (nobody) does not exist"), "{stderr}");
+}

@@ -14,7 +14,7 @@ use airlock_policy::Layer;
 
 use crate::protocol::{self, CgroupEntry, Failure, Reply, Request, RunPlan, SetupPlan};
 use crate::sys::{self, Forked};
-use crate::{caps, cgroup, landlock, limits, mounts, network, process, userns};
+use crate::{caps, cgroup, landlock, limits, mounts, network, probe, process, userns};
 
 /// The namespaces each run gets, on top of the sandbox's user and mount
 /// namespaces (the mount namespace is copied, so mounts stay per run).
@@ -60,13 +60,14 @@ fn take_socket() -> std::io::Result<OwnedFd> {
 /// /work, /tmp and the root, finished but for /proc and the program. The namespaces outlive this process
 /// through the descriptors it hands back.
 fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
+    process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
     userns::enter_new()?;
     // Cloned with the caller's access to the host's files: the Python
     // installation may lie below a folder only the caller may enter.
     let trees = mounts::clone_binds(&plan.binds)?;
     userns::become_sandbox_user()?;
-    // After the change of user, which clears it.
+    // Again: the change of user cleared it.
     process::die_with_parent(Some(plan.supervisor_pid))?;
     mounts::mount_stage(plan.tmpfs_bytes, plan.tmpfs_inodes)?;
     mounts::create_layout(&plan.layout)?;
@@ -190,19 +191,10 @@ fn sandbox_init(
     let landlock = plan.landlock.as_ref().map(landlock::restrict).transpose()?;
     let exec = process::Exec::new(&plan.argv, &plan.env, &plan.cwd)?;
 
-    let mut layers = vec![
-        Layer::UserNamespace,
-        Layer::PidNamespace,
-        Layer::MountNamespace,
-        Layer::NetworkNamespace,
-        Layer::IpcNamespace,
-        Layer::UtsNamespace,
-        Layer::CgroupNamespace,
-        Layer::Seccomp,
-        Layer::NoNewPrivs,
-        Layer::CapabilitiesDropped,
-        Layer::Rlimits,
-    ];
+    // All of it in force from here; seccomp is installed in the code's own
+    // process just before it execs.
+    let mut layers = probe::NAMESPACE_LAYERS.to_vec();
+    layers.extend([Layer::Seccomp, Layer::NoNewPrivs, Layer::Rlimits]);
     if matches!(landlock, Some(landlock::Enforced::Fully | landlock::Enforced::Partially)) {
         layers.push(Layer::Landlock);
     }

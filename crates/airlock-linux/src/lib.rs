@@ -141,6 +141,10 @@ impl Backend for LinuxBackend {
         let helper = self.helper_path()?;
         let (layout, binds) = mounts::layout_for(runtime)
             .map_err(|e| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail: e.to_string() })?;
+        if rustix::process::geteuid().is_root() {
+            mounts::check_readable_by_others(&binds)
+                .map_err(|detail| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail })?;
+        }
         let plan = SetupPlan {
             supervisor_pid: std::process::id() as i32,
             tmpfs_bytes: policy.limits.disk_bytes + mounts::LAYOUT_BYTES,

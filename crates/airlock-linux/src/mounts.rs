@@ -166,6 +166,27 @@ fn mount_fs(fstype: &str, target: &Path, flags: MountFlags, options: &str) -> ru
     mount(fstype, target, fstype, flags, Some(options.as_c_str()))
 }
 
+/// Supervisor side, as root: the trees to bind must be open to others, as the
+/// sandbox's user is `nobody` on the host. Only the top of each is checked
+/// (what a strict umask or a private home folder gets wrong is the whole
+/// tree, and the top shows it).
+pub fn check_readable_by_others(binds: &[Bind]) -> Result<(), String> {
+    for bind in binds {
+        let Ok(meta) = fs::metadata(&bind.source) else { continue };
+        let needed = if meta.is_dir() { 0o005 } else { 0o004 };
+        if meta.permissions().mode() & needed != needed {
+            return Err(format!(
+                "{} (mode {:o}) is closed to other users, and as root airlock runs the sandbox as nobody: open it \
+                 with `chmod -R o+rX {}`, or install the interpreter or image elsewhere",
+                bind.source,
+                meta.permissions().mode() & 0o7777,
+                bind.source
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Child side, at setup: clones the trees to bind (the host's /usr, the
 /// interpreter, the devices) before the stage covers /tmp (a source may lie
 /// below it).
@@ -370,4 +391,20 @@ pub fn pivot_into_stage() -> Result<(), Failure> {
     rustix::process::pivot_root(".", ".").map_err(|e| Failure::new(step, "pivot_root", &e.into()))?;
     unmount(".", UnmountFlags::DETACH).map_err(|e| Failure::new(step, "detach the old root", &e.into()))?;
     rustix::process::chdir("/").map_err(|e| Failure::new(step, "chdir /", &e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_closed_to_others_is_refused_with_the_fix() {
+        let root = tempfile::tempdir().unwrap();
+        let bind = |path: &Path| Bind { source: path.display().to_string(), target: "/x".to_owned() };
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(check_readable_by_others(&[bind(root.path())]), Ok(()));
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        let refused = check_readable_by_others(&[bind(root.path())]).unwrap_err();
+        assert!(refused.contains("mode 700") && refused.contains("chmod -R o+rX"), "{refused}");
+    }
 }

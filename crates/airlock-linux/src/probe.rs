@@ -9,6 +9,19 @@ use airlock_policy::{BackendKind, Layer};
 use crate::cgroup::Hierarchy;
 use crate::sys;
 
+/// The layers that come with the sandbox's user namespace: the namespaces
+/// each run makes in it, and capabilities that exist only inside it.
+pub const NAMESPACE_LAYERS: [Layer; 8] = [
+    Layer::UserNamespace,
+    Layer::PidNamespace,
+    Layer::MountNamespace,
+    Layer::NetworkNamespace,
+    Layer::IpcNamespace,
+    Layer::UtsNamespace,
+    Layer::CgroupNamespace,
+    Layer::CapabilitiesDropped,
+];
+
 /// Reads the host's facts and layers. `cgroups` is the outcome of
 /// [`Hierarchy::detect`], done once per process by the caller.
 pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
@@ -18,16 +31,7 @@ pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
 
     match user_namespaces() {
         Ok(()) => {
-            available.extend([
-                Layer::UserNamespace,
-                Layer::PidNamespace,
-                Layer::MountNamespace,
-                Layer::NetworkNamespace,
-                Layer::IpcNamespace,
-                Layer::UtsNamespace,
-                Layer::CgroupNamespace,
-                Layer::CapabilitiesDropped,
-            ]);
+            available.extend(NAMESPACE_LAYERS);
         }
         Err(why) => {
             missing.insert(Layer::UserNamespace, why);
@@ -75,5 +79,5 @@ fn user_namespaces() -> Result<(), String> {
                 .to_owned(),
         );
     }
-    Ok(())
+    crate::userns::check_mapping()
 }

@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::thread::{LinkNameSpaceType, UnshareFlags, move_into_link_name_space};
 
@@ -31,6 +31,47 @@ fn host_ids() -> (u32, u32) {
     } else {
         (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw())
     }
+}
+
+/// Supervisor side, for the probe: whether this process can make the
+/// sandboxes it would make. As root that means mapping [`HOST_ID_FOR_ROOT`],
+/// which needs CAP_SETUID and CAP_SETGID and that id to exist in this
+/// process's own user namespace (root inside `unshare -r`, say, has only
+/// itself). Ordinary users map themselves, which always works.
+pub fn check_mapping() -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SETGID: u64 = 1 << 6;
+    const CAP_SETUID: u64 = 1 << 7;
+    if effective & (CAP_SETUID | CAP_SETGID) != CAP_SETUID | CAP_SETGID {
+        return Err(format!(
+            "running as root without CAP_SETUID and CAP_SETGID, airlock cannot run the sandbox as host uid \
+             {HOST_ID_FOR_ROOT} (nobody), and it never runs it as root; run airlock as an ordinary user, or with \
+             those capabilities"
+        ));
+    }
+    for file in ["uid_map", "gid_map"] {
+        let map = fs::read_to_string(format!("/proc/self/{file}")).unwrap_or_default();
+        let mapped = map.lines().any(|line| {
+            let numbers: Vec<u64> = line.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+            matches!(numbers[..], [inside, _, count] if (inside..inside + count).contains(&u64::from(HOST_ID_FOR_ROOT)))
+        });
+        if !mapped {
+            return Err(format!(
+                "this root is in a user namespace where id {HOST_ID_FOR_ROOT} (nobody) does not exist \
+                 (/proc/self/{file}), so airlock cannot run the sandbox as nobody, and it never runs it as root; \
+                 run airlock as an ordinary user, or map {HOST_ID_FOR_ROOT} into this namespace"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Child side, at setup: a new user and mount namespace in which
@@ -85,10 +126,19 @@ fn enter_new_mapped_from_outside(maps: &[(&str, String)]) -> Result<(), Failure>
     match unsafe { sys::fork() }.map_err(|e| Failure::new(STEP, "fork the map writer", &e))? {
         Forked::Child => {
             drop((go_write, said_read));
+            // The helper's /proc entry, opened while it is surely our parent:
+            // if it died and its pid were reused, writes through this
+            // descriptor fail instead of reaching another process.
+            let helper_dir = rustix::fs::open(
+                format!("/proc/{helper}"),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            );
+            let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
             // One byte: the helper has unshared. End of file: it gave up.
             let mut go = [0u8; 1];
-            let code = match rustix::io::read(&go_read, &mut go) {
-                Ok(1) => write_maps(helper, maps, said_write.as_fd()),
+            let code = match (helper_dir, rustix::io::read(&go_read, &mut go)) {
+                (Ok(dir), Ok(1)) if parent == Some(helper) => write_maps(dir.as_fd(), maps, said_write.as_fd()),
                 _ => 1,
             };
             // SAFETY: _exit ends this forked copy without running anything
@@ -122,9 +172,16 @@ fn enter_new_mapped_from_outside(maps: &[(&str, String)]) -> Result<(), Failure>
 
 /// The map writer's work, in the forked child: returns its exit code and
 /// explains a failure on `said`.
-fn write_maps(helper: i32, maps: &[(&str, String)], said: std::os::fd::BorrowedFd<'_>) -> i32 {
+fn write_maps(helper_dir: BorrowedFd<'_>, maps: &[(&str, String)], said: BorrowedFd<'_>) -> i32 {
     for (file, content) in maps {
-        if let Err(e) = fs::write(format!("/proc/{helper}/{file}"), content) {
+        let written = rustix::fs::openat(
+            helper_dir,
+            *file,
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .and_then(|fd| rustix::io::write(&fd, content.as_bytes()));
+        if let Err(e) = written {
             let _ = rustix::io::write(said, format!("write {file}: {e}").as_bytes());
             return 1;
         }

@@ -182,6 +182,12 @@ impl ImageStore {
         }
         let dir = self.root.join(&hash);
         let manifest = read_manifest(&dir, &hash).map_err(|reason| corrupt(name, reason))?;
+        // Images built before builds opened them up may be closed to the
+        // sandbox's user; the first use after opens them, once.
+        let venv = dir.join("venv");
+        if !open_to_others(&venv) || !open_to_others(&venv.join("pyvenv.cfg")) {
+            readable_by_all(&dir).map_err(|e| corrupt(name, format!("making it readable: {e}")))?;
+        }
         Ok(Image { name: name.to_owned(), dir, manifest })
     }
 
@@ -437,6 +443,15 @@ fn run_quiet(command: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
+/// Whether others may read `path` (and enter it, if a folder).
+fn open_to_others(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(path).is_ok_and(|m| {
+        let needed = if m.is_dir() { 0o005 } else { 0o004 };
+        m.permissions().mode() & needed == needed
+    })
+}
+
 /// Adds read (and, where anyone may execute, execute) permission for all to
 /// every file and folder below `dir`, following no link.
 fn readable_by_all(dir: &Path) -> std::io::Result<()> {
@@ -526,6 +541,38 @@ mod tests {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         check_name("python-data").unwrap();
+    }
+
+    #[test]
+    fn an_image_closed_to_others_is_opened_on_first_use() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let store = ImageStore::at(root.path());
+        let hash = "0123456789abcdef0123456789abcdef";
+        fs::create_dir_all(root.path().join("names")).unwrap();
+        fs::write(root.path().join("names/old"), hash).unwrap();
+        let dir = root.path().join(hash);
+        fs::create_dir_all(dir.join("venv/bin")).unwrap();
+        fs::write(dir.join("venv/pyvenv.cfg"), "home = /usr/bin").unwrap();
+        std::os::unix::fs::symlink("/bin/sh", dir.join("venv/bin/python")).unwrap();
+        let python = Interpreter { executable: "/bin/sh".into(), ..interp() };
+        let manifest = Manifest {
+            format: FORMAT,
+            hash: hash.to_owned(),
+            python,
+            requirements: String::new(),
+            packages: vec![],
+            size_bytes: 0,
+            created_at: String::new(),
+        };
+        fs::write(dir.join("manifest.json"), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        // As an image built under umask 077 before builds opened them.
+        fs::set_permissions(dir.join("venv/pyvenv.cfg"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::set_permissions(dir.join("venv/bin"), fs::Permissions::from_mode(0o700)).unwrap();
+        fs::set_permissions(dir.join("venv"), fs::Permissions::from_mode(0o700)).unwrap();
+        store.get("old").unwrap();
+        let mode = |p: &str| fs::metadata(dir.join(p)).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode("venv"), mode("venv/bin"), mode("venv/pyvenv.cfg")), (0o755, 0o755, 0o644));
     }
 
     #[test]
