@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use airlock_core::terminal_safe as safe;
 use airlock_policy::{PolicySpec, RunRecord, Usage};
 
 use crate::store::StoredRun;
@@ -219,10 +220,6 @@ fn stream(out: &mut String, name: &str, text: &str, truncated: bool, binary: boo
         section(out, &format!("{name} ({})", notes.join(", ")));
         block(out, text);
     }
-}
-
-fn safe(text: &str) -> String {
-    airlock_core::terminal_safe(text)
 }
 
 fn bytes(count: u64) -> String {

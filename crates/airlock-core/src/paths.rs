@@ -1,8 +1,18 @@
 //! Where airlock keeps its data on the host.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::SandboxError;
+
+/// Whether users other than the owner may read `path` (and enter it, if a
+/// folder): what the sandbox's user needs of the trees bound into it.
+pub fn open_to_others(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| {
+        let needed = if m.is_dir() { 0o005 } else { 0o004 };
+        m.permissions().mode() & needed == needed
+    })
+}
 
 /// airlock's data directory: `$AIRLOCK_HOME`, else `$XDG_DATA_HOME/airlock`,
 /// else `~/.local/share/airlock`. Images, the wasm interpreter, caches and the

@@ -172,9 +172,9 @@ fn mount_fs(fstype: &str, target: &Path, flags: MountFlags, options: &str) -> ru
 /// tree, and the top shows it).
 pub fn check_readable_by_others(binds: &[Bind]) -> Result<(), String> {
     for bind in binds {
+        // A source that is not there fails at the bind itself, saying so.
         let Ok(meta) = fs::metadata(&bind.source) else { continue };
-        let needed = if meta.is_dir() { 0o005 } else { 0o004 };
-        if meta.permissions().mode() & needed != needed {
+        if !airlock_core::paths::open_to_others(Path::new(&bind.source)) {
             return Err(format!(
                 "{} (mode {:o}) is closed to other users, and as root airlock runs the sandbox as nobody: open it \
                  with `chmod -R o+rX {}`, or install the interpreter or image elsewhere",

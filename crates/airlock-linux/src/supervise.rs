@@ -309,12 +309,10 @@ pub fn run(
                         if wants_report {
                             report = fds.next();
                         }
-                        if wants_proxy {
-                            if let Some(listener) = fds.next() {
-                                if !on_proxy(listener) {
-                                    kill(&mut observed, KillReason::ProxyFailed, &init_pidfd);
-                                }
-                            }
+                        // No listener handed over counts as a proxy that did
+                        // not start: the code must not run on without it.
+                        if wants_proxy && !fds.next().is_some_and(&mut *on_proxy) {
+                            kill(&mut observed, KillReason::ProxyFailed, &init_pidfd);
                         }
                         if observed.killed.is_some() {
                             kill_now(&init_pidfd);

@@ -24,15 +24,6 @@ use crate::sys::{self, Forked};
 /// The host uid and gid the sandbox's user is when the supervisor is root.
 pub const HOST_ID_FOR_ROOT: u32 = 65534;
 
-/// The host uid and gid the sandbox's user maps to for this process.
-fn host_ids() -> (u32, u32) {
-    if rustix::process::geteuid().is_root() {
-        (HOST_ID_FOR_ROOT, HOST_ID_FOR_ROOT)
-    } else {
-        (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw())
-    }
-}
-
 /// Supervisor side, for the probe: whether this process can make the
 /// sandboxes it would make. As root that means mapping [`HOST_ID_FOR_ROOT`],
 /// which needs CAP_SETUID and CAP_SETGID and that id to exist in this
@@ -75,11 +66,16 @@ pub fn check_mapping() -> Result<(), String> {
 }
 
 /// Child side, at setup: a new user and mount namespace in which
-/// [`SANDBOX_UID`] is the host user of [`host_ids`]. The helper keeps its
+/// [`SANDBOX_UID`] is the caller, or [`HOST_ID_FOR_ROOT`] for root. The helper keeps its
 /// host uid (and with it its access to the host's files, to clone the trees
 /// it binds) until [`become_sandbox_user`].
 pub fn enter_new() -> Result<(), Failure> {
-    let (uid, gid) = host_ids();
+    let root = rustix::process::geteuid().is_root();
+    let (uid, gid) = if root {
+        (HOST_ID_FOR_ROOT, HOST_ID_FOR_ROOT)
+    } else {
+        (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw())
+    };
     let maps = [
         // setgroups must be denied before an unprivileged process may map
         // its group; as root it is denied too, so nothing inside can drop a
@@ -88,7 +84,7 @@ pub fn enter_new() -> Result<(), Failure> {
         ("uid_map", format!("{SANDBOX_UID} {uid} 1")),
         ("gid_map", format!("{SANDBOX_GID} {gid} 1")),
     ];
-    if rustix::process::geteuid().is_root() {
+    if root {
         return enter_new_mapped_from_outside(&maps);
     }
     unshare()?;
@@ -160,6 +156,9 @@ fn enter_new_mapped_from_outside(maps: &[(&str, String)]) -> Result<(), Failure>
             unshared?;
             let exited_cleanly = status.and_then(|(_, s)| s.exit_status()) == Some(0);
             if !said.is_empty() || !exited_cleanly {
+                if said.is_empty() {
+                    said = "the map writer ended without writing them".to_owned();
+                }
                 return Err(Failure::plain(
                     STEP,
                     format!("map the sandbox's user to host uid {HOST_ID_FOR_ROOT}: {said}"),

@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use airlock_core::paths::open_to_others;
 use airlock_core::{Runtime, RuntimeMount};
 use airlock_policy::ImageRef;
 use serde::{Deserialize, Serialize};
@@ -441,15 +442,6 @@ fn run_quiet(command: &mut Command, what: &str) -> Result<(), String> {
     } else {
         Err(format!("{what} failed: {}", String::from_utf8_lossy(&output.stderr).trim()))
     }
-}
-
-/// Whether others may read `path` (and enter it, if a folder).
-fn open_to_others(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    fs::metadata(path).is_ok_and(|m| {
-        let needed = if m.is_dir() { 0o005 } else { 0o004 };
-        m.permissions().mode() & needed == needed
-    })
 }
 
 /// Adds read (and, where anyone may execute, execute) permission for all to
