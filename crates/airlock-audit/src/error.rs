@@ -59,6 +59,13 @@ pub enum AuditError {
     #[error("principal {principal:?} is not usable: {reason}; pass the token's name, never the token")]
     BadPrincipal { principal: String, reason: &'static str },
 
+    /// A kept content no longer hashes to the hash its record gives it.
+    #[error(
+        "the content {sha256} kept in the audit database {path} was altered: its bytes no longer hash to \
+         {sha256}; it is not shown (the record and its chain are checked by `airlock audit verify`)"
+    )]
+    ContentAltered { path: PathBuf, sha256: String },
+
     /// A listing filter that cannot be applied.
     #[error("{field}: {message}")]
     BadFilter { field: &'static str, message: String },

@@ -35,13 +35,29 @@
 //! usage, the image, the isolation layers. `principal` is the name of the
 //! token that asked, never the token.
 //!
+//! The contents the record carried inline (figures, artefacts returned
+//! inline) are kept in table `contents`, keyed by their SHA-256, once
+//! however many runs made them, and only when they hash to what the record
+//! says. They are outside the chain: the chained record holds each hash, and
+//! [`AuditStore::content`] checks the bytes against it before returning
+//! them, so an edited content is refused and a deleted one is only absent.
+//! `code_search` is a trigram full-text index of each run's code (rowid =
+//! `seq`), for [`AuditStore::browse`]'s search.
+//!
 //! ```sql
 //! runs (seq INTEGER PRIMARY KEY, run_id TEXT UNIQUE, recorded_at TEXT, started_at TEXT,
 //!       status TEXT, principal TEXT NULL, hash_version INTEGER, prev_hash TEXT,
 //!       entry_hash TEXT, record TEXT)
 //! chain_head (id = 1, seq INTEGER, entry_hash TEXT)       -- moved by every append
-//! schema_version (format = 'airlock-audit', version = 1, created_at TEXT)
+//! contents (sha256 TEXT PRIMARY KEY, bytes BLOB)          -- since schema version 2
+//! code_search USING fts5 (code, content = '', tokenize = 'trigram')   -- since 2
+//! schema_version (format = 'airlock-audit', version = 2, created_at TEXT)
 //! ```
+//!
+//! A version 1 store is brought to version 2 when it is first opened: the
+//! two tables are added and the code of every run indexed, in one
+//! transaction; the chain is not touched. An older airlock then refuses the
+//! file, naming the newer schema, rather than record runs it cannot index.
 //!
 //! The SQLite header's application id is `0x4149524C` ("AIRL").
 //! `started_at` is the record's start time brought to
@@ -95,8 +111,10 @@
 
 #![forbid(unsafe_code)]
 
+mod contents;
 mod error;
 mod hash;
+mod list;
 mod render;
 mod store;
 mod time;
@@ -105,8 +123,6 @@ mod verify;
 pub use error::AuditError;
 pub use hash::{EntryFields, GENESIS_HASH, HASH_VERSION};
 pub use render::render;
-pub use store::{
-    APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, ListFilter, Page, RunSummary, SCHEMA_VERSION,
-    StoredRun,
-};
-pub use verify::{ChainBreak, Problem, VerifyReport};
+pub use list::{Browse, Browsed, BrowsedRun, ListFilter, Page, Position, RunSummary};
+pub use store::{APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, SCHEMA_VERSION, StoredRun};
+pub use verify::{ChainBreak, ChainLink, Neighbours, Problem, VerifyReport};

@@ -175,7 +175,49 @@ pub enum Problem {
     },
 }
 
+/// An entry's neighbours in the chain, as stored: what a page showing one
+/// run checks of its place without walking the whole chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Neighbours {
+    /// Entry `seq - 1`, when there is one.
+    pub previous: Option<ChainLink>,
+    /// Entry `seq + 1`, when there is one.
+    pub next: Option<ChainLink>,
+}
+
+/// One entry's place in the chain: its hash and the hash it links to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChainLink {
+    pub seq: u64,
+    pub entry_hash: String,
+    pub prev_hash: String,
+}
+
 impl AuditStore {
+    /// The entries either side of entry `seq`, for checking its two links.
+    pub fn neighbours(&self, seq: u64) -> Result<Neighbours, AuditError> {
+        let sqlite = |error| AuditError::sqlite(self.path(), "read", error, BUSY_TIMEOUT);
+        let connection = self.lock();
+        let mut statement = connection
+            .prepare_cached("SELECT seq, entry_hash, prev_hash FROM runs WHERE seq = ?1 - 1 OR seq = ?1 + 1")
+            .map_err(sqlite)?;
+        let seq_i64 = i64::try_from(seq).unwrap_or(i64::MAX - 1);
+        let links = statement
+            .query_map([seq_i64], |row| Ok((row.get::<_, i64>(0)?, row.get(1)?, row.get(2)?)))
+            .map_err(sqlite)?;
+        let mut neighbours = Neighbours { previous: None, next: None };
+        for link in links {
+            let (at, entry_hash, prev_hash) = link.map_err(sqlite)?;
+            let link = ChainLink { seq: at.unsigned_abs(), entry_hash, prev_hash };
+            if at < seq_i64 {
+                neighbours.previous = Some(link);
+            } else {
+                neighbours.next = Some(link);
+            }
+        }
+        Ok(neighbours)
+    }
+
     /// Walks the whole chain and names the first broken link. `Err` only
     /// when the file cannot be read; a broken chain is a report.
     ///
