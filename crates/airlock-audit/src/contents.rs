@@ -19,7 +19,8 @@ use crate::store::{AuditStore, BUSY_TIMEOUT};
 /// still names its hash, and readers say the content was not kept.
 pub(crate) fn keep(connection: &Connection, record: &RunRecord) -> rusqlite::Result<()> {
     let figures = record.figures.iter().map(|figure| (Some(&figure.sha256), figure.png_base64.as_ref()));
-    let artifacts = record.artifacts.iter().map(|artifact| (artifact.sha256.as_ref(), artifact.content_base64.as_ref()));
+    let artifacts =
+        record.artifacts.iter().map(|artifact| (artifact.sha256.as_ref(), artifact.content_base64.as_ref()));
     let mut insert = connection.prepare_cached("INSERT OR IGNORE INTO contents (sha256, bytes) VALUES (?1, ?2)")?;
     for (sha256, content) in figures.chain(artifacts) {
         let (Some(sha256), Some(content)) = (sha256, content) else { continue };
@@ -32,6 +33,14 @@ pub(crate) fn keep(connection: &Connection, record: &RunRecord) -> rusqlite::Res
 }
 
 impl AuditStore {
+    /// Whether a content of this SHA-256 is kept (unchecked: reading it
+    /// with [`AuditStore::content`] checks it).
+    pub fn has_content(&self, sha256: &str) -> Result<bool, AuditError> {
+        self.lock()
+            .query_row("SELECT EXISTS (SELECT 1 FROM contents WHERE sha256 = ?1)", [sha256], |row| row.get(0))
+            .map_err(|error| AuditError::sqlite(self.path(), "read", error, BUSY_TIMEOUT))
+    }
+
     /// The content whose SHA-256 is `sha256` (lower-case hex), checked
     /// against it; `None` when it was never kept (recorded by an older
     /// airlock, returned to a file instead of inline, or pruned).

@@ -122,7 +122,7 @@ mod verify;
 
 pub use error::AuditError;
 pub use hash::{EntryFields, GENESIS_HASH, HASH_VERSION};
-pub use render::render;
 pub use list::{Browse, Browsed, BrowsedRun, ListFilter, Page, Position, RunSummary};
+pub use render::{bytes as human_bytes, policy_fields, render, seconds as human_seconds};
 pub use store::{APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, SCHEMA_VERSION, StoredRun};
 pub use verify::{ChainBreak, ChainLink, Neighbours, Problem, VerifyReport};

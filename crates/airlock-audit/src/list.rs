@@ -302,16 +302,7 @@ impl AuditStore {
     fn browsed_run(&self, row: &Row<'_>) -> Result<BrowsedRun, AuditError> {
         type Columns = (i64, String, String, String, String, Option<String>, Option<String>, Option<String>);
         let read = || -> rusqlite::Result<Columns> {
-            Ok((
-                row.get(0)?,
-                row.get(1)?,
-                row.get(2)?,
-                row.get(3)?,
-                row.get(4)?,
-                row.get(5)?,
-                row.get(6)?,
-                row.get(7)?,
-            ))
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
         };
         let (seq, run_id, started_at, recorded_at, status_name, principal, glance, excerpt) =
             read().map_err(|error| AuditError::sqlite(self.path(), "read", error, BUSY_TIMEOUT))?;
@@ -323,7 +314,8 @@ impl AuditStore {
         type Glance = (Option<Language>, Option<String>, Option<i32>, Option<u64>, Option<Vec<Limit>>);
         let (language, code_sha256, exit_code, wall_ms, limits_hit): Glance =
             glance.and_then(|text| serde_json::from_str(&text).ok()).unwrap_or_default();
-        let first_line = excerpt.unwrap_or_default().lines().find(|line| !line.trim().is_empty()).unwrap_or_default().to_owned();
+        let first_line =
+            excerpt.unwrap_or_default().lines().find(|line| !line.trim().is_empty()).unwrap_or_default().to_owned();
         let summary = RunSummary {
             seq: seq.unsigned_abs(),
             run_id,

@@ -244,16 +244,22 @@ impl Settings {
 
     /// The token whose hash matches `presented`, compared in constant time.
     pub fn token(&self, presented: &str) -> Option<&Token> {
-        let digest: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
-        let mut found = None;
-        for token in &self.tokens {
-            let difference = token.sha256.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            if difference == 0 {
-                found = Some(token);
-            }
-        }
-        found
+        find_token(&self.tokens, presented)
     }
+}
+
+/// The token of `tokens` whose hash matches `presented`, compared in
+/// constant time: for the API's bearer tokens and the console's login.
+pub fn find_token<'a>(tokens: &'a [Token], presented: &str) -> Option<&'a Token> {
+    let digest: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
+    let mut found = None;
+    for token in tokens {
+        let difference = token.sha256.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if difference == 0 {
+            found = Some(token);
+        }
+    }
+    found
 }
 
 /// What the code runs with: the image named in the config (built on first

@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod console;
 pub mod engine;
 pub mod http;
 pub mod mcp;
