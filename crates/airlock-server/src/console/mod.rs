@@ -188,7 +188,7 @@ pub async fn serve(
 }
 
 /// The headers every console answer carries: its policy (unless the
-/// handler set a stricter one), no sniffing, no framing, no referrer, and
+/// handler set a stricter one), no sniffing, no framing, no referrer to other sites, and
 /// no caching of pages that hold a run.
 async fn harden(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
@@ -198,7 +198,10 @@ async fn harden(request: Request, next: Next) -> Response {
     }
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // same-origin, not no-referrer: under no-referrer browsers send
+    // `Origin: null` with the console's own forms, which would look like
+    // a request from nowhere. Run ids still never leave for another site.
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     headers.insert(HeaderName::from_static("cross-origin-opener-policy"), HeaderValue::from_static("same-origin"));
     headers.insert(HeaderName::from_static("cross-origin-resource-policy"), HeaderValue::from_static("same-origin"));
     if !headers.contains_key(header::CACHE_CONTROL) {

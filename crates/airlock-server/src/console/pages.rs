@@ -1,6 +1,11 @@
 //! The console's handlers: each checks the session, reads the store on a
 //! blocking thread, and renders a template.
 
+// A page that cannot be shown is answered with another page (a redirect,
+// an error page): both sides of these results are whole responses, made
+// once per request, so boxing the error side would buy nothing.
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 
 use airlock::Status;
@@ -486,7 +491,10 @@ pub(super) async fn run_report(
                 (StatusCode::OK, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], text).into_response();
             let headers = response.headers_mut();
             headers.insert(header::CONTENT_DISPOSITION, header_value(&file));
-            headers.insert(header::CONTENT_SECURITY_POLICY, header_value(&super::report::policy()));
+            headers.insert(
+                header::CONTENT_SECURITY_POLICY,
+                header_value(&format!("{}; frame-ancestors 'none'", super::report::policy())),
+            );
             Ok(response)
         }
         Ok(None) => Err(no_such_run(frame, uri.path().trim_start_matches("/ui/runs/"))),
@@ -519,7 +527,9 @@ enum Kind {
 /// Content `index` of kind `kind` of run `id`, if the session may see it.
 async fn content(console: Arc<Console>, session: Session, id: String, index: usize, kind: Kind) -> Response {
     let store = console.store.clone();
-    let found = blocking(move || -> Result<Option<(String, Option<Vec<u8>>)>, AuditError> {
+    // The name it was recorded under, and its bytes if kept.
+    type Named = (String, Option<Vec<u8>>);
+    let found = blocking(move || -> Result<Option<Named>, AuditError> {
         let Some(run) = visible_run(&store, &id, &session)? else { return Ok(None) };
         let named = match kind {
             Kind::Figure => {

@@ -36,12 +36,11 @@ struct ReportPage {
 }
 
 /// The report's policy: its own stylesheet (by hash) and its own images.
+/// (Served by the console, the answer adds `frame-ancestors`, which a
+/// `<meta>` policy cannot carry.)
 pub(super) fn policy() -> String {
     let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(STYLESHEET.as_bytes()));
-    format!(
-        "default-src 'none'; img-src data:; style-src 'sha256-{hash}'; base-uri 'none'; form-action 'none'; \
-         frame-ancestors 'none'"
-    )
+    format!("default-src 'none'; img-src data:; style-src 'sha256-{hash}'; base-uri 'none'; form-action 'none'")
 }
 
 /// Contents as a report embeds them: figures as `data:` URLs, small text
@@ -82,7 +81,7 @@ pub fn report(run: &StoredRun, store: &AuditStore) -> Result<String, ReportError
     // The page's small texts: they show only when kept and UTF-8.
     for artifact in &mut view.artifacts {
         if artifact.text.is_some() {
-            artifact.source = Source::Missing("shown below".to_owned());
+            artifact.source = Source::Missing("embedded below".to_owned());
         }
     }
     let page = ReportPage {

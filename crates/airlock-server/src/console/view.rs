@@ -370,7 +370,8 @@ fn artifacts(record: &RunRecord, contents: &dyn Contents) -> Vec<ArtifactView> {
                 _ => Source::Missing("refused".to_owned()),
             };
             let small = artifact.bytes.is_some_and(|size| size <= TEXT_PREVIEW_BYTES);
-            let text = if small && matches!(source, Source::Url(_)) { contents.text(sha256) } else { None };
+            let text =
+                if small && artifact.error.is_none() && !sha256.is_empty() { contents.text(sha256) } else { None };
             let note = match (&artifact.error, &artifact.saved_to) {
                 (Some(error), _) => format!("refused: {}", safe(error)),
                 (None, Some(saved)) => format!("saved to {}", safe(saved)),
