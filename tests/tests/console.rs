@@ -168,6 +168,12 @@ fn sign_in(browser: &Browser, server: &Server, token: &str, then: &str) {
 
 /// Signs in over plain HTTP; returns the Cookie header of the session.
 fn http_session(server: &Server, token: &str) -> String {
+    try_session(server, token).unwrap_or_else(|status| panic!("signing in answered {status}"))
+}
+
+/// Signs in over plain HTTP: the session's Cookie header, or the status of
+/// the refusal.
+fn try_session(server: &Server, token: &str) -> Result<String, StatusCode> {
     let form = client().get(server.url("/ui/login")).send().unwrap();
     let login_cookie = cookie_of(&form, "airlock_login");
     let html = form.text().unwrap();
@@ -178,8 +184,10 @@ fn http_session(server: &Server, token: &str) -> String {
         .form(&[("csrf", csrf.as_str()), ("token", token), ("next", "/ui/runs")])
         .send()
         .unwrap();
-    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
-    format!("airlock_session={}", cookie_of(&answer, "airlock_session"))
+    match answer.status() {
+        StatusCode::SEE_OTHER => Ok(format!("airlock_session={}", cookie_of(&answer, "airlock_session"))),
+        status => Err(status),
+    }
 }
 
 fn cookie_of(response: &reqwest::blocking::Response, name: &str) -> String {
@@ -430,4 +438,70 @@ fn another_principals_run_is_not_reachable_by_url() {
         .send()
         .unwrap();
     assert_eq!(login.status(), StatusCode::FORBIDDEN, "a login form the console did not make");
+}
+
+/// A record with one figure whose bytes start as a PNG does, kept in a
+/// store of its own.
+fn store_with_a_figure(dir: &std::path::Path) -> (PathBuf, String) {
+    let path = dir.join("audit.sqlite3");
+    let store = AuditStore::open(&path).unwrap();
+    let png = b"\x89PNG\r\n\x1a\n-not-drawn-but-a-png-by-its-signature".to_vec();
+    let record = airlock::RunRecord {
+        id: "local-run-1".to_owned(),
+        started_at: "2026-12-01T09:00:00.000Z".to_owned(),
+        code: "print(1 + 1)\n".to_owned(),
+        stdout: "2\n".to_owned(),
+        figures: vec![airlock::FigureRecord {
+            name: "figure-1.png".to_owned(),
+            width: 1,
+            height: 1,
+            bytes: png.len() as u64,
+            sha256: airlock_core::sha256_hex(&png),
+            saved_to: None,
+            png_base64: Some(base64::engine::general_purpose::STANDARD.encode(&png)),
+        }],
+        ..airlock::RunRecord::default()
+    };
+    store.append(&record, None).unwrap();
+    (path, record.id)
+}
+
+#[test]
+fn audit_show_html_is_one_inert_file_and_audit_ui_serves_loopback_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, id) = store_with_a_figure(dir.path());
+    let shown = airlock_command().arg("audit").arg("--db").arg(&db).args(["show", &id, "--html"]).output().unwrap();
+    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
+    let html = String::from_utf8(shown.stdout).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..200.min(html.len())]);
+    assert!(html.contains("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:;"));
+    assert!(html.contains("src=\"data:image/png;base64,iVBORw0KGgo"), "the figure is embedded");
+    assert!(!html.contains("<script") && !html.contains("http://") && !html.contains("https://"), "nothing to fetch");
+
+    let refused =
+        airlock_command().arg("audit").arg("--db").arg(&db).args(["ui", "--listen", "0.0.0.0:0"]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("loopback only"), "{refused:?}");
+
+    let mut ui = airlock_command()
+        .arg("audit")
+        .arg("--db")
+        .arg(&db)
+        .arg("ui")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(ui.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let base = lines.next().unwrap().strip_prefix("airlock: console at ").unwrap().trim_end_matches("/ui").to_owned();
+    let token = lines.next().unwrap().strip_prefix("airlock: sign in with the token ").unwrap().to_owned();
+    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    let server = Server { child: ui, address: base.trim_start_matches("http://").to_owned(), dir };
+    assert_eq!(client().get(server.url("/ui/runs")).send().unwrap().status(), StatusCode::SEE_OTHER);
+    let cookie = http_session(&server, &token);
+    let page = get(&server, &cookie, "/ui/runs").text().unwrap();
+    assert!(page.contains("local-run-1"), "{page}");
+    assert_eq!(get(&server, &cookie, "/ui/runs/local-run-1/figures/0").headers()["content-type"], "image/png");
+    assert_eq!(try_session(&server, "not-the-token"), Err(StatusCode::UNAUTHORIZED));
 }

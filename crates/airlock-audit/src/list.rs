@@ -15,7 +15,7 @@ const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 1000;
 /// Longer searches are refused: nobody pastes a page of code into a filter.
 const MAX_SEARCH_CHARS: usize = 500;
-/// The index holds trigrams: shorter searches scan the code instead.
+/// The index holds trigrams: the shortest text it can find.
 const TRIGRAM: usize = 3;
 /// How much of the code a listing carries for its first line.
 const EXCERPT_CHARS: usize = 240;
@@ -71,7 +71,7 @@ pub struct Browse {
     pub since: Option<String>,
     pub until: Option<String>,
     pub principal: Option<String>,
-    /// Runs whose code contains this text, ignoring case.
+    /// Runs whose code contains this text (3 characters or more), ignoring case.
     pub code_contains: Option<String>,
     pub from: Position,
     /// Runs per page: 1 to 1000, 50 when 0.
@@ -147,27 +147,27 @@ impl Conditions {
         Ok(conditions)
     }
 
-    /// Runs whose code holds `text`, ignoring case: through the trigram
-    /// index when the text has three characters or more (the index answers
-    /// exact substrings), by reading the code otherwise.
+    /// Runs whose code holds `text`, ignoring case, through the trigram
+    /// index (which answers exact substrings). Text shorter than a trigram
+    /// is refused: the index cannot answer it, and reading every run's code
+    /// instead took seconds with 100,000 runs (bench/results/console.md).
     fn code_contains(&mut self, text: &str) -> Result<(), AuditError> {
         let chars = text.chars().count();
-        if chars > MAX_SEARCH_CHARS {
+        if chars == 0 {
+            return Ok(());
+        }
+        if !(TRIGRAM..=MAX_SEARCH_CHARS).contains(&chars) {
             return Err(AuditError::BadFilter {
                 field: "code_contains",
-                message: format!("{chars} characters is longer than the {MAX_SEARCH_CHARS} a search may be"),
+                message: format!(
+                    "{chars} characters: search for {TRIGRAM} to {MAX_SEARCH_CHARS} characters of the code \
+                     (it is indexed by trigrams)"
+                ),
             });
         }
-        if chars >= TRIGRAM {
-            // One FTS5 string: the text, its double quotes doubled.
-            let phrase = format!("\"{}\"", text.replace('"', "\"\""));
-            self.add("seq IN (SELECT rowid FROM code_search WHERE code_search MATCH ?)", Value::Text(phrase));
-        } else if chars > 0 {
-            self.add(
-                "CASE WHEN json_valid(record) THEN instr(lower(json_extract(record, '$.code')), lower(?)) > 0 END",
-                Value::Text(text.to_owned()),
-            );
-        }
+        // One FTS5 string: the text, its double quotes doubled.
+        let phrase = format!("\"{}\"", text.replace('"', "\"\""));
+        self.add("seq IN (SELECT rowid FROM code_search WHERE code_search MATCH ?)", Value::Text(phrase));
         Ok(())
     }
 
