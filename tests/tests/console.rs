@@ -268,11 +268,23 @@ fn a_person_reads_a_run_beside_its_code_in_a_real_browser() {
     browser.open(&server.url("/ui/runs?q=no+such+code+anywhere"));
     assert_eq!(browser.text(&browser.find("p.empty")), "No runs match.");
 
-    // The chain, verified from the page, its head to note.
+    // The chain, verified from the page by a token that may see every
+    // run, the verdict shown to alice with who made it; its head to note.
     browser.open(&server.url("/ui/chain"));
-    browser.click(&browser.find(".verify button[type=submit]"));
+    assert!(browser.find_all(".verify button[type=submit]").is_empty(), "alice may not verify");
+    let auditor = http_session(&server, AUDITOR);
+    let page = get(&server, &auditor, "/ui/chain").text().unwrap();
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    let verified = client()
+        .post(server.url("/ui/chain/verify"))
+        .header("cookie", &auditor)
+        .form(&[("csrf", csrf.as_str()), ("back", "/ui/chain")])
+        .send()
+        .unwrap();
+    assert_eq!(verified.status(), StatusCode::SEE_OTHER);
+    browser.open(&server.url("/ui/chain"));
     let state = browser.text(&browser.find("p.state"));
-    assert!(state.starts_with("Intact"), "{state}");
+    assert!(state.starts_with("Intact") && state.contains("by auditor, without an anchor"), "{state}");
     let head = server.store().head().unwrap().unwrap().to_string();
     assert_eq!(browser.text(&browser.find("#head")), head);
     browser.screenshot(&screenshots().join("chain.png"));
@@ -431,7 +443,10 @@ fn another_principals_run_is_not_reachable_by_url() {
     let page = get(&server, &bob, "/ui/chain").text().unwrap();
     let csrf = page.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
     assert_eq!(verify(&bob, Some("http://evil.example"), &csrf), StatusCode::FORBIDDEN, "from another site");
-    assert_eq!(verify(&bob, None, &csrf), StatusCode::SEE_OTHER, "the console's own form");
+    assert_eq!(verify(&bob, None, &csrf), StatusCode::FORBIDDEN, "the console's own form, but bob may not see all");
+    let page = get(&server, &auditor, "/ui/chain").text().unwrap();
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    assert_eq!(verify(&auditor, None, &csrf), StatusCode::SEE_OTHER, "the console's own form");
     let login = client()
         .post(server.url("/ui/login"))
         .form(&[("csrf", "made-up"), ("token", ALICE), ("next", "/ui/runs")])

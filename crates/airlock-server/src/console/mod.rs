@@ -9,7 +9,9 @@
 //!   hashes, network, policy, usage, isolation, and the entry's place in the
 //!   chain; `/ui/runs/{id}/report.html`, the same as one self-contained file;
 //! - `/ui/chain`: the chain's head to note as an anchor, and verification
-//!   from the page, naming the first broken link.
+//!   from the page, naming the first broken link, by a viewer who may see
+//!   every run; every verification is listed with who made it, when and
+//!   against which anchor ([`verdicts`]).
 //!
 //! # Safe by construction
 //!
@@ -29,11 +31,12 @@
 mod auth;
 mod pages;
 mod report;
+mod verdicts;
 mod view;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use airlock::audit::{AuditStore, ChainHead, VerifyReport};
+use airlock::audit::AuditStore;
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::{self, Next};
@@ -77,8 +80,8 @@ pub struct Console {
     authenticate: Authenticate,
     sessions: auth::Sessions,
     tls: bool,
-    /// The last verification made from the console, for every page to show.
-    last_check: Mutex<Option<ChainVerdict>>,
+    /// The verifications made from the console, for every page to show.
+    verdicts: verdicts::Verdicts,
     /// One verification at a time: each walks the whole chain.
     verifying: tokio::sync::Mutex<()>,
 }
@@ -89,14 +92,6 @@ impl std::fmt::Debug for Console {
     }
 }
 
-/// A verification and when it was made.
-#[derive(Clone, Debug)]
-struct ChainVerdict {
-    at: String,
-    anchor: Option<ChainHead>,
-    report: VerifyReport,
-}
-
 impl Console {
     pub fn new(options: ConsoleOptions) -> Arc<Console> {
         Arc::new(Console {
@@ -104,7 +99,7 @@ impl Console {
             authenticate: options.authenticate,
             sessions: auth::Sessions::default(),
             tls: options.tls,
-            last_check: Mutex::new(None),
+            verdicts: verdicts::Verdicts::default(),
             verifying: tokio::sync::Mutex::new(()),
         })
     }
@@ -125,14 +120,6 @@ impl Console {
                 .map(|token| Viewer { name: token.name.clone(), see_all_runs: token.see_all_runs })
         });
         Ok((Console::new(ConsoleOptions { store, authenticate, tls: false }), token))
-    }
-
-    fn last_check(&self) -> Option<ChainVerdict> {
-        self.last_check.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    fn set_last_check(&self, verdict: ChainVerdict) {
-        *self.last_check.lock().unwrap_or_else(PoisonError::into_inner) = Some(verdict);
     }
 }
 

@@ -16,9 +16,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
+use super::Console;
 use super::auth::{self, LOGIN_COOKIE, SESSION_COOKIE, SESSION_LIFETIME, Session};
+use super::verdicts::Verdict;
 use super::view::{Contents, RunView, Source, StatusView, limits_text, path_segment};
-use super::{ChainVerdict, Console};
 
 type Shared = State<Arc<Console>>;
 
@@ -110,6 +111,16 @@ struct RunPage {
     chain_state: String,
 }
 
+/// One verification in the chain page's list.
+struct VerdictRow {
+    at: String,
+    by: String,
+    /// The anchor it was checked against; empty when none was given.
+    anchor: String,
+    outcome: String,
+    class: &'static str,
+}
+
 #[derive(Template)]
 #[template(path = "console/chain.html")]
 struct ChainPage {
@@ -118,7 +129,9 @@ struct ChainPage {
     state: String,
     state_class: &'static str,
     detail: String,
+    /// The anchor this viewer gave last (never another's).
     anchor: String,
+    verdicts: Vec<VerdictRow>,
 }
 
 /// A page, or an answer that replaces it (a redirect, an error page).
@@ -430,13 +443,13 @@ pub(super) async fn run(State(console): Shared, headers: HeaderMap, uri: Uri, Pa
     let session = signed_in(&console, &headers, &uri)?;
     let frame = Frame::of(&session);
     let store = console.store.clone();
-    let last_check = console.last_check();
+    let standing = console.verdicts.standing();
     let built = blocking(move || -> Result<Option<(RunView, String)>, AuditError> {
         let Some(run) = visible_run(&store, &id, &session)? else { return Ok(None) };
         let neighbours = store.neighbours(run.entry.seq)?;
         let contents = Served { store: &store, id_path: path_segment(&run.entry.run_id) };
         let view = RunView::new(&run, Some(&neighbours), &contents);
-        let state = chain_state(last_check.as_ref(), run.entry.seq);
+        let state = chain_state(standing.as_ref(), run.entry.seq);
         Ok(Some((view, state)))
     });
     match built.await? {
@@ -446,28 +459,27 @@ pub(super) async fn run(State(console): Shared, headers: HeaderMap, uri: Uri, Pa
     }
 }
 
-/// What the last verification says about the chain, and about entry `seq`.
-fn chain_state(last: Option<&ChainVerdict>, seq: u64) -> String {
-    let Some(verdict) = last else {
+/// What the standing verdict (the latest break, else the latest check)
+/// says about the chain, and about entry `seq`.
+fn chain_state(standing: Option<&Verdict>, seq: u64) -> String {
+    let Some(verdict) = standing else {
         return "The whole chain has not been verified from the console since it started.".to_owned();
     };
     let report = &verdict.report;
+    let at = format!("{} by {}{}", verdict.at, airlock_core::terminal_safe(&verdict.by), against(verdict));
     match (&report.first_break, &report.last_good) {
         (Some(broken), _) if broken.seq <= seq => format!(
             "BROKEN: verified at {}, the chain breaks at entry {}, at or before this run; see the chain page.",
-            verdict.at, broken.seq
+            at, broken.seq
         ),
         (Some(broken), _) => format!(
             "Verified at {}: the chain holds through this entry but breaks later, at entry {}; see the chain page.",
-            verdict.at, broken.seq
+            at, broken.seq
         ),
         (None, Some(head)) if head.seq >= seq => {
-            format!(
-                "Verified at {}: the whole chain holds, {} entries, head {head}.",
-                verdict.at, report.entries_checked
-            )
+            format!("Verified at {}: the whole chain holds, {} entries, head {head}.", at, report.entries_checked)
         }
-        (None, _) => format!("Verified at {}, before this run was recorded; verify again to cover it.", verdict.at),
+        (None, _) => format!("Verified at {}, before this run was recorded; verify again to cover it.", at),
     }
 }
 
@@ -599,14 +611,21 @@ pub(super) async fn artifact(
     Ok(content(console, session, id, index, Kind::Artifact).await)
 }
 
+/// How a verdict names the anchor it was checked against.
+fn against(verdict: &Verdict) -> String {
+    match &verdict.anchor {
+        Some(anchor) => format!(", against the anchor {anchor}"),
+        None => ", without an anchor".to_owned(),
+    }
+}
+
 /// The chain's verdict, as a viewer may read it: the run at a break is
 /// named only to a viewer who may see it.
-fn verdict_text(store: &AuditStore, verdict: &ChainVerdict, session: &Session) -> (String, &'static str, String) {
+fn verdict_text(store: &AuditStore, verdict: &Verdict, session: &Session) -> (String, &'static str, String) {
     let report = &verdict.report;
-    let against =
-        verdict.anchor.as_ref().map_or(String::new(), |anchor| format!(", checked against the anchor {anchor}"));
+    let at = format!("{} by {}{}", verdict.at, airlock_core::terminal_safe(&verdict.by), against(verdict));
     match &report.first_break {
-        None => (format!("Intact: verified at {}{against}.", verdict.at), "good", report.to_string()),
+        None => (format!("Intact: verified at {at}."), "good", report.to_string()),
         Some(broken) => {
             let mut shown: ChainBreak = broken.clone();
             let visible = broken
@@ -622,7 +641,7 @@ fn verdict_text(store: &AuditStore, verdict: &ChainVerdict, session: &Session) -
             if let Some(good) = &report.last_good {
                 detail.push_str(&format!(", the last being {good}"));
             }
-            (format!("BROKEN at entry {}: verified at {}{against}.", broken.seq, verdict.at), "bad", detail)
+            (format!("BROKEN at entry {}: verified at {at}.", broken.seq), "bad", detail)
         }
     }
 }
@@ -631,14 +650,19 @@ pub(super) async fn chain(State(console): Shared, headers: HeaderMap, uri: Uri) 
     let session = signed_in(&console, &headers, &uri)?;
     let frame = Frame::of(&session);
     let store = console.store.clone();
-    let last = console.last_check();
+    let standing = console.verdicts.standing();
+    let verdicts = console.verdicts.newest_first();
+    let anchor = console.verdicts.last_anchor_of(&session.viewer.name).map_or_else(String::new, |a| a.to_string());
     let built = blocking(move || -> Result<ChainPage, AuditError> {
         let head = store.head()?.map_or_else(String::new, |head| head.to_string());
-        let (state, state_class, detail) = match &last {
+        let (mut state, state_class, detail) = match &standing {
             Some(verdict) => verdict_text(&store, verdict, &session),
             None => ("Not verified from the console since it started.".to_owned(), "other", String::new()),
         };
-        let anchor = last.and_then(|verdict| verdict.anchor).map_or_else(String::new, |anchor| anchor.to_string());
+        if standing.as_ref().is_some_and(Verdict::is_broken) && verdicts.first().is_some_and(|last| !last.is_broken()) {
+            state.push_str(" Later checks found the chain consistent; a chain rewritten from some entry on is, so the break stands.");
+        }
+        let verdicts = verdicts.iter().map(|verdict| verdict_row(&store, verdict, &session)).collect();
         Ok(ChainPage {
             frame: Frame::default(),
             head,
@@ -646,6 +670,7 @@ pub(super) async fn chain(State(console): Shared, headers: HeaderMap, uri: Uri) 
             state_class,
             detail: airlock_core::terminal_safe(&detail),
             anchor,
+            verdicts,
         })
     });
     match built.await? {
@@ -654,6 +679,17 @@ pub(super) async fn chain(State(console): Shared, headers: HeaderMap, uri: Uri) 
             Ok(html(StatusCode::OK, &page))
         }
         Err(error) => Err(store_failed(frame, &error)),
+    }
+}
+
+fn verdict_row(store: &AuditStore, verdict: &Verdict, session: &Session) -> VerdictRow {
+    let (outcome, class, _) = verdict_text(store, verdict, session);
+    VerdictRow {
+        at: verdict.at.clone(),
+        by: airlock_core::terminal_safe(&verdict.by),
+        anchor: verdict.anchor.as_ref().map_or_else(String::new, ChainHead::to_string),
+        outcome,
+        class,
     }
 }
 
@@ -669,6 +705,17 @@ pub(super) struct VerifyForm {
 
 pub(super) async fn verify(State(console): Shared, headers: HeaderMap, Form(form): Form<VerifyForm>) -> PageResult {
     let session = signed_in_form(&console, &headers, &form.csrf)?;
+    // The walk reads every entry, and its verdict names runs: it is for a
+    // viewer who may see them all.
+    if !session.viewer.see_all_runs {
+        return Err(error_page(
+            StatusCode::FORBIDDEN,
+            Frame::of(&session),
+            "Refused",
+            "Verifying the chain needs a token that may see every run (see_all_runs); ask whoever holds one."
+                .to_owned(),
+        ));
+    }
     let anchor = match form.anchor.trim() {
         "" => None,
         text => Some(ChainHead::parse(text).ok_or_else(|| {
@@ -681,6 +728,11 @@ pub(super) async fn verify(State(console): Shared, headers: HeaderMap, Form(form
         })?),
     };
     let _one_at_a_time = console.verifying.lock().await;
+    // Asked again within moments (by anyone, for the same anchor): the
+    // verdict just made answers, and the chain is walked once.
+    if console.verdicts.fresh(anchor.as_ref()).is_some() {
+        return Ok(see_other(local_path(&form.back)));
+    }
     let store = console.store.clone();
     let checked_anchor = anchor.clone();
     let report = blocking(move || match &checked_anchor {
@@ -689,7 +741,7 @@ pub(super) async fn verify(State(console): Shared, headers: HeaderMap, Form(form
     })
     .await?
     .map_err(|error| store_failed(Frame::of(&session), &error))?;
-    console.set_last_check(ChainVerdict { at: airlock_core::record::now_rfc3339(), anchor, report });
+    console.verdicts.record(Verdict::new(&session.viewer.name, anchor, report));
     Ok(see_other(local_path(&form.back)))
 }
 
