@@ -226,6 +226,9 @@ impl AuditStore {
             browse.principal.as_deref(),
         )?;
         if let Some(text) = &browse.code_contains {
+            if !self.is_current() {
+                return Err(self.needs_migration("searching the code"));
+            }
             conditions.code_contains(text)?;
         }
         let (runs, more_older, more_newer) = match browse.from {

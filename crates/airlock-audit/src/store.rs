@@ -11,13 +11,15 @@ use airlock_policy::RunRecord;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 
+use crate::contents::ContentsPolicy;
 use crate::error::AuditError;
 use crate::hash::{EntryFields, GENESIS_HASH, HASH_VERSION};
 use crate::time;
 
 /// The schema version this build writes and reads. Version 2 added the
 /// `contents` table and the `code_search` index; a version 1 store is
-/// brought to version 2 when it is opened (see [`migrate_to_2`]).
+/// brought to version 2 when a writer opens it ([`AuditStore::open`], see
+/// [`migrate_to_2`]), and read as it is by [`AuditStore::open_existing`].
 pub const SCHEMA_VERSION: i64 = 2;
 
 /// What the `schema_version` table's `format` column says.
@@ -77,6 +79,10 @@ CREATE TABLE contents (
     sha256 TEXT PRIMARY KEY NOT NULL,
     bytes  BLOB NOT NULL
 ) STRICT;
+CREATE TABLE contents_skipped (
+    sha256 TEXT PRIMARY KEY NOT NULL,
+    reason TEXT NOT NULL
+) STRICT;
 CREATE VIRTUAL TABLE code_search USING fts5(code, content='', tokenize='trigram');
 ";
 
@@ -90,6 +96,20 @@ const ENTRY_COLUMNS: &str =
 pub struct AuditStore {
     path: PathBuf,
     connection: Mutex<Connection>,
+    contents: ContentsPolicy,
+    /// The file's schema version: [`SCHEMA_VERSION`], or 1 when a reader
+    /// opened a version 1 store and left it as it was.
+    schema: i64,
+}
+
+/// How a store is opened: to record runs, or only to read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Creates, migrates and heals the file as needed.
+    Writer,
+    /// Changes nothing in the file's schema: a version 1 store is read as
+    /// version 1 (without code search or kept contents).
+    Reader,
 }
 
 impl std::fmt::Debug for AuditStore {
@@ -217,22 +237,26 @@ impl AuditStore {
     /// folder made 0700 if missing) with its schema when it does not exist.
     /// Refuses a file that is not an airlock audit database, or one written
     /// by a newer airlock. An existing file's permissions are left as they are.
+    /// A version 1 store is brought to version 2, and the code-search index
+    /// is caught up with entries an older airlock appended since.
     pub fn open(path: &Path) -> Result<AuditStore, AuditError> {
         create_file(path)?;
-        AuditStore::open_file(path)
+        AuditStore::open_file(path, Access::Writer)
     }
 
     /// Opens the audit database at `path` only if the file exists: for
     /// commands that read (`airlock audit verify`, `show`), where a missing
-    /// file means a wrong path, not a store to start.
+    /// file means a wrong path, not a store to start. The schema is left as
+    /// it is: a version 1 store is read without code search, whose use then
+    /// names the command that migrates it, and is not written to.
     pub fn open_existing(path: &Path) -> Result<AuditStore, AuditError> {
         if !path.is_file() {
             return Err(AuditError::Missing { path: path.to_owned() });
         }
-        AuditStore::open_file(path)
+        AuditStore::open_file(path, Access::Reader)
     }
 
-    fn open_file(path: &Path) -> Result<AuditStore, AuditError> {
+    fn open_file(path: &Path, access: Access) -> Result<AuditStore, AuditError> {
         let sqlite = |action: &'static str| move |error| AuditError::sqlite(path, action, error, BUSY_TIMEOUT);
         let mut connection =
             Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
@@ -267,10 +291,34 @@ impl AuditStore {
         if fresh {
             initialize(&mut connection).map_err(sqlite("initialised"))?;
         }
-        if check_schema_version(&connection, path)? < SCHEMA_VERSION {
-            migrate_to_2(&mut connection).map_err(sqlite("brought to the current schema"))?;
+        let mut schema = check_schema_version(&connection, path)?;
+        if access == Access::Writer {
+            if schema < SCHEMA_VERSION {
+                migrate_to_2(&mut connection).map_err(sqlite("brought to the current schema"))?;
+                schema = SCHEMA_VERSION;
+            }
+            heal_code_search(&connection).map_err(sqlite("indexed"))?;
         }
-        Ok(AuditStore { path: path.to_owned(), connection: Mutex::new(connection) })
+        let connection = Mutex::new(connection);
+        Ok(AuditStore { path: path.to_owned(), connection, contents: ContentsPolicy::default(), schema })
+    }
+
+    /// Keeps contents as `policy` says from now on (the default: all, up to
+    /// [`crate::DEFAULT_CONTENTS_QUOTA`]).
+    pub fn with_contents(mut self, policy: ContentsPolicy) -> AuditStore {
+        self.contents = policy;
+        self
+    }
+
+    /// Whether the file has this build's schema; `false` only for a version
+    /// 1 store a reader opened, which has no code search and no kept contents.
+    pub fn is_current(&self) -> bool {
+        self.schema >= SCHEMA_VERSION
+    }
+
+    /// The error for `what`, which a version 1 store opened to read cannot do.
+    pub(crate) fn needs_migration(&self, what: &'static str) -> AuditError {
+        AuditError::OldSchema { path: self.path.clone(), found: self.schema, what }
     }
 
     /// The database file.
@@ -282,11 +330,14 @@ impl AuditStore {
     /// *name* of the token that asked for the run (never the token itself).
     /// Artefact and figure contents leave the record, which keeps their
     /// hashes; contents that match their hash are kept beside the chain
-    /// (see [`AuditStore::content`]).
+    /// (see [`AuditStore::content`]), as the store's [`ContentsPolicy`] allows.
     ///
-    /// One transaction: the entry is either wholly written and linked, or
+    /// The entry is one transaction: either wholly written and linked, or
     /// not at all (a full disk returns [`AuditError::Storage`] and leaves the
-    /// chain as it was). The link to the previous entry is made under
+    /// chain as it was). The contents follow in a transaction of their own,
+    /// once the entry is committed: a content that does not fit (the quota,
+    /// a full disk) is skipped and noted ([`AuditStore::content_state`]),
+    /// and the entry stays. The link to the previous entry is made under
     /// SQLite's write lock, so concurrent appenders, in threads or processes,
     /// cannot fork the chain.
     pub fn append(&self, record: &RunRecord, principal: Option<&str>) -> Result<AuditEntry, AuditError> {
@@ -295,6 +346,9 @@ impl AuditStore {
         }
         if record.id.is_empty() {
             return Err(AuditError::BadRecord { reason: "it has no run id".to_owned() });
+        }
+        if !self.is_current() {
+            return Err(self.needs_migration("recording a run"));
         }
         let stored = serde_json::to_string(&record.without_contents())
             .map_err(|error| AuditError::BadRecord { reason: format!("it cannot be written as JSON: {error}") })?;
@@ -365,7 +419,6 @@ impl AuditStore {
         transaction
             .execute("INSERT INTO code_search (rowid, code) VALUES (?1, ?2)", params![head_seq + 1, record.code])
             .map_err(sqlite)?;
-        crate::contents::keep(&transaction, record).map_err(sqlite)?;
         transaction
             .execute(
                 "INSERT OR REPLACE INTO chain_head (id, seq, entry_hash) VALUES (1, ?1, ?2)",
@@ -373,6 +426,15 @@ impl AuditStore {
             )
             .map_err(sqlite)?;
         transaction.commit().map_err(sqlite)?;
+        if let Err(error) = crate::contents::keep(&mut connection, record, self.contents) {
+            // Shown to viewers: the kind of failure, never the store's path.
+            let reason = if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                "the disk was full when the run was recorded".to_owned()
+            } else {
+                format!("the store could not write it when the run was recorded ({error})")
+            };
+            crate::contents::note_unkept(&mut connection, record, &reason);
+        }
         Ok(AuditEntry {
             seq,
             run_id: record.id.clone(),
@@ -550,6 +612,27 @@ fn migrate_to_2(connection: &mut Connection) -> rusqlite::Result<()> {
     )?;
     transaction.execute("UPDATE schema_version SET version = ?1", [SCHEMA_VERSION])?;
     transaction.commit()
+}
+
+/// Indexes the code of entries past the last one indexed: an older airlock
+/// that had the file open when it was migrated goes on appending without
+/// indexing, and a writer's open catches up. Cheap when nothing is missing:
+/// one look at each end.
+fn heal_code_search(connection: &Connection) -> rusqlite::Result<()> {
+    let indexed: i64 = connection
+        .query_row("SELECT rowid FROM code_search ORDER BY rowid DESC LIMIT 1", [], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let last: i64 = connection.query_row("SELECT coalesce(max(seq), 0) FROM runs", [], |row| row.get(0))?;
+    if last <= indexed {
+        return Ok(());
+    }
+    connection.execute(
+        "INSERT INTO code_search (rowid, code)
+         SELECT seq, json_extract(record, '$.code') FROM runs WHERE seq > ?1 AND json_valid(record)",
+        [indexed],
+    )?;
+    Ok(())
 }
 
 fn check_principal(name: &str) -> Result<(), AuditError> {

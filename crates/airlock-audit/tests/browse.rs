@@ -1,12 +1,15 @@
 //! What the console reads: pages both ways with every filter and text in
 //! the code, contents kept beside the chain and checked, an entry's links,
-//! and a version 1 store brought up to date.
+//! and a version 1 store (made with the version 1 schema) read as it is,
+//! or brought up to date by a writer.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use airlock_audit::{AuditError, AuditStore, Browse, Position, SCHEMA_VERSION};
+use airlock_audit::{
+    APPLICATION_ID, AuditError, AuditStore, Browse, EntryFields, GENESIS_HASH, Position, SCHEMA_VERSION,
+};
 use airlock_policy::{RunRecord, Status};
 use base64::Engine as _;
 use common::{record, temp_db};
@@ -136,29 +139,135 @@ fn an_entry_knows_its_neighbours_links() {
     assert!(store.neighbours(30).unwrap().next.is_none());
 }
 
-/// A store as airlock 0.1 wrote it: schema 1, no contents, no index.
-fn downgrade_to_version_1(path: &std::path::Path) {
+/// The schema as airlock 0.1 (schema version 1) wrote it: main's
+/// `crates/airlock-audit/src/store.rs` before version 2, verbatim.
+const SCHEMA_V1: &str = "
+CREATE TABLE schema_version (
+    format     TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE runs (
+    seq          INTEGER PRIMARY KEY NOT NULL CHECK (seq >= 1),
+    run_id       TEXT NOT NULL UNIQUE,
+    recorded_at  TEXT NOT NULL,
+    started_at   TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    principal    TEXT,
+    hash_version INTEGER NOT NULL,
+    prev_hash    TEXT NOT NULL,
+    entry_hash   TEXT NOT NULL,
+    record       TEXT NOT NULL
+) STRICT;
+CREATE INDEX runs_by_started_at ON runs (started_at);
+CREATE INDEX runs_by_status ON runs (status, seq);
+CREATE INDEX runs_by_principal ON runs (principal, seq);
+
+CREATE TABLE chain_head (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    seq        INTEGER NOT NULL,
+    entry_hash TEXT NOT NULL
+) STRICT;
+";
+
+/// A version 1 store, made as airlock 0.1 made one, with `runs` entries.
+fn version_1_store(runs: u32) -> (tempfile::TempDir, std::path::PathBuf) {
+    let (dir, path) = temp_db();
+    let raw = Connection::open(&path).unwrap();
+    raw.pragma_update_and_check(None, "journal_mode", "wal", |_| Ok(())).unwrap();
+    raw.execute_batch(SCHEMA_V1).unwrap();
+    raw.execute(
+        "INSERT INTO schema_version (format, version, created_at) VALUES ('airlock-audit', 1, '2026-11-01T00:00:00Z')",
+        [],
+    )
+    .unwrap();
+    raw.execute("INSERT INTO chain_head (id, seq, entry_hash) VALUES (1, 0, ?1)", [GENESIS_HASH]).unwrap();
+    raw.pragma_update(None, "application_id", APPLICATION_ID).unwrap();
+    for n in 1..=runs {
+        append_as_version_1(&raw, n);
+    }
+    (dir, path)
+}
+
+/// Entry `n` appended as airlock 0.1 appends: the row and the head, no index.
+fn append_as_version_1(raw: &Connection, n: u32) {
+    let (head_seq, prev_hash): (i64, String) =
+        raw.query_row("SELECT seq, entry_hash FROM chain_head", [], |row| Ok((row.get(0)?, row.get(1)?))).unwrap();
+    let seq = head_seq + 1;
+    let code = format!("print('old run {n}')\n");
+    let stored = serde_json::to_string(
+        &run(&format!("old{n}"), Status::Ok, &code, "2026-11-02T10:00:00.000Z").without_contents(),
+    )
+    .unwrap();
+    let (run_id, recorded_at, started_at) = (format!("old{n}"), "2026-11-02T10:00:01.000Z", "2026-11-02T10:00:00.000Z");
+    let fields = EntryFields {
+        seq: seq as u64,
+        prev_hash: &prev_hash,
+        run_id: &run_id,
+        recorded_at,
+        started_at,
+        status: "ok",
+        principal: Some("alice"),
+        record: &stored,
+    };
+    let entry_hash = fields.hash();
+    raw.execute(
+        "INSERT INTO runs (seq, run_id, recorded_at, started_at, status, principal, hash_version, prev_hash, entry_hash, record)
+         VALUES (?1, ?2, ?3, ?4, 'ok', 'alice', 1, ?5, ?6, ?7)",
+        rusqlite::params![seq, run_id, recorded_at, started_at, prev_hash, entry_hash, stored],
+    )
+    .unwrap();
+    raw.execute("UPDATE chain_head SET seq = ?1, entry_hash = ?2", rusqlite::params![seq, entry_hash]).unwrap();
+}
+
+fn schema_version(path: &std::path::Path) -> i64 {
     let raw = Connection::open(path).unwrap();
-    raw.execute_batch("DROP TABLE contents; DROP TABLE code_search; UPDATE schema_version SET version = 1;").unwrap();
+    raw.query_row("SELECT version FROM schema_version", [], |row| row.get(0)).unwrap()
+}
+
+fn searching(text: &str) -> Browse {
+    Browse { code_contains: Some(text.to_owned()), ..Browse::default() }
 }
 
 #[test]
-fn a_version_1_store_is_brought_up_to_date_and_its_code_indexed() {
-    let (dir, store) = store_of_thirty();
-    let path = store.path().to_owned();
-    let head = store.head().unwrap();
-    drop(store);
-    downgrade_to_version_1(&path);
-
+fn readers_leave_a_version_1_store_as_it_is() {
+    let (_dir, path) = version_1_store(3);
     let store = AuditStore::open_existing(&path).unwrap();
+    assert_eq!(schema_version(&path), 1, "opening to read migrated nothing");
+    assert!(!store.is_current());
+    assert!(store.verify().unwrap().is_intact(), "verify works on it");
+    assert_eq!(store.get("old2").unwrap().unwrap().record.code, "print('old run 2')\n", "show works on it");
+    assert_eq!(store.browse(&Browse::default()).unwrap().runs.len(), 3, "list works on it");
+    let refused = store.browse(&searching("old run")).unwrap_err();
+    assert!(matches!(refused, AuditError::OldSchema { found: 1, .. }), "{refused:?}");
+    let message = refused.to_string();
+    assert!(message.contains("searching the code") && message.contains("migrate"), "names the fix: {message}");
+    assert!(!store.has_content(&"a".repeat(64)).unwrap());
+    let append = store.append(&run("new", Status::Ok, "print(1)\n", "2026-11-03T10:00:00Z"), None).unwrap_err();
+    assert!(matches!(append, AuditError::OldSchema { .. }), "a reader does not write a version 1 store: {append:?}");
+    drop(store);
+    assert_eq!(schema_version(&path), 1);
+}
+
+#[test]
+fn a_writer_migrates_and_indexes_what_an_older_writer_appended_since() {
+    let (_dir, path) = version_1_store(3);
+    let store = AuditStore::open(&path).unwrap();
+    assert_eq!(schema_version(&path), SCHEMA_VERSION);
+    assert_eq!(store.browse(&searching("old run 2")).unwrap().runs.len(), 1, "runs recorded before are searchable");
+    drop(store);
+    // An airlock 0.1 that had the file open before the migration goes on
+    // appending, without indexing.
     let raw = Connection::open(&path).unwrap();
-    let version: i64 = raw.query_row("SELECT version FROM schema_version", [], |row| row.get(0)).unwrap();
-    assert_eq!(version, SCHEMA_VERSION);
-    let found = store.browse(&Browse { code_contains: Some("# run 17\n".to_owned()), ..Browse::default() }).unwrap();
-    assert_eq!(found.runs.len(), 1, "runs recorded before are searchable");
-    assert_eq!(store.head().unwrap(), head);
+    append_as_version_1(&raw, 4);
+    drop(raw);
+    let store = AuditStore::open(&path).unwrap();
+    let found = store.browse(&searching("old run 4")).unwrap();
+    assert_eq!(found.runs.iter().map(|run| run.summary.run_id.as_str()).collect::<Vec<_>>(), ["old4"], "healed");
+    assert_eq!(store.browse(&searching("old run")).unwrap().runs.len(), 4, "each indexed once");
     assert!(store.verify().unwrap().is_intact());
-    // Opening again is a no-op.
+    drop(store);
     drop(AuditStore::open(&path).unwrap());
-    drop(dir);
+    assert_eq!(AuditStore::open(&path).unwrap().browse(&searching("old run")).unwrap().runs.len(), 4);
 }

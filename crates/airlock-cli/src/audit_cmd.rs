@@ -49,6 +49,9 @@ enum AuditCommand {
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
         listen: String,
     },
+    /// Bring a store written by an older airlock to the current schema (the
+    /// other commands read it as it is; recording a run migrates it too).
+    Migrate,
     /// List runs, newest first.
     List {
         /// Only runs with this status (ok, failed, timeout, memory_limit, cpu_limit, output_limit, sandbox_error).
@@ -80,8 +83,17 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         Some(path) => path,
         None => AuditStore::default_path()?,
     };
-    // Every subcommand reads: a missing file is a wrong path, not a store to start.
+    // Every subcommand but migrate only reads: a missing file is a wrong
+    // path, not a store to start, and an older schema is read as it is.
     let store = AuditStore::open_existing(&path)?;
+    if let AuditCommand::Migrate = args.command {
+        let was_current = store.is_current();
+        drop(store);
+        let store = AuditStore::open(&path)?;
+        let done = if was_current { "already had" } else { "now has" };
+        println!("{} {done} audit schema version {}", store.path().display(), airlock::audit::SCHEMA_VERSION);
+        return Ok(ExitCode::SUCCESS);
+    }
     match args.command {
         AuditCommand::Verify { anchor, json } => {
             let report = match anchor {
@@ -110,6 +122,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        AuditCommand::Migrate => Ok(ExitCode::SUCCESS),
         AuditCommand::Ui { listen } => {
             ui(store, &listen)?;
             Ok(ExitCode::SUCCESS)

@@ -379,6 +379,12 @@ pub(super) async fn runs(
             page.problem = format!("{field}: {message}");
             return Ok(html(StatusCode::BAD_REQUEST, &page));
         }
+        Err(AuditError::OldSchema { .. }) => {
+            page.problem = "Searching the code needs a store at schema version 2; this one was written by an \
+                            older airlock. Run `airlock audit migrate` on it, then search again."
+                .to_owned();
+            return Ok(html(StatusCode::BAD_REQUEST, &page));
+        }
         Err(error) => return Err(store_failed(frame, &error)),
     };
     page.runs = listed
