@@ -13,8 +13,9 @@ use crate::time;
 
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 1000;
-/// Longer searches are refused: nobody pastes a page of code into a filter.
-const MAX_SEARCH_CHARS: usize = 500;
+/// Longer searches are refused: each trigram of the phrase is one more
+/// lookup in the index, and a piece of a line finds a run as well as a page.
+const MAX_SEARCH_CHARS: usize = 64;
 /// The index holds trigrams: the shortest text it can find.
 const TRIGRAM: usize = 3;
 /// How much of the code a listing carries for its first line.
@@ -156,12 +157,21 @@ impl Conditions {
         if chars == 0 {
             return Ok(());
         }
-        if !(TRIGRAM..=MAX_SEARCH_CHARS).contains(&chars) {
+        if chars < TRIGRAM {
             return Err(AuditError::BadFilter {
                 field: "code_contains",
                 message: format!(
-                    "{chars} characters: search for {TRIGRAM} to {MAX_SEARCH_CHARS} characters of the code \
+                    "{chars} characters is too short: search for at least {TRIGRAM} characters of the code \
                      (it is indexed by trigrams)"
+                ),
+            });
+        }
+        if chars > MAX_SEARCH_CHARS {
+            return Err(AuditError::BadFilter {
+                field: "code_contains",
+                message: format!(
+                    "{chars} characters is too long: search for at most {MAX_SEARCH_CHARS} characters of the \
+                     code (a shorter piece of it finds the same runs)"
                 ),
             });
         }

@@ -482,6 +482,19 @@ impl AuditStore {
         }))
     }
 
+    /// A connection of its own on the file, for a long read (a walk of the
+    /// whole chain) that should not hold the shared one. Read-only: it can
+    /// change nothing, whatever the file holds.
+    pub(crate) fn own_reader(&self) -> Result<Connection, AuditError> {
+        let sqlite = |error| AuditError::sqlite(&self.path, "opened", error, BUSY_TIMEOUT);
+        let connection =
+            Connection::open_with_flags(&self.path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(sqlite)?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(sqlite)?;
+        connection.pragma_update(None, "trusted_schema", false).map_err(sqlite)?;
+        Ok(connection)
+    }
+
     /// The connection. A thread that panicked while holding it left no
     /// transaction open (dropping one rolls it back), so a poisoned lock is
     /// still a usable connection.

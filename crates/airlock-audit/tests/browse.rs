@@ -78,7 +78,7 @@ fn filters_combine_and_the_first_line_is_the_first_that_is_not_blank() {
 }
 
 #[test]
-fn text_in_the_code_is_found_ignoring_case_and_text_too_short_to_index_is_refused() {
+fn text_in_the_code_is_found_ignoring_case_and_text_too_short_or_too_long_is_refused() {
     let (_dir, store) = store_of_thirty();
     let found = |text: &str| ids(&store, &Browse { code_contains: Some(text.to_owned()), ..Browse::default() }).0;
     assert_eq!(found("# RUN 2\n"), ["r2"], "a substring across a line break, any case");
@@ -86,10 +86,14 @@ fn text_in_the_code_is_found_ignoring_case_and_text_too_short_to_index_is_refuse
     assert_eq!(found("[7]"), ["r7"], "punctuation is text too");
     assert_eq!(found("\"quoted\" OR x").len(), 0, "the search is a phrase, never FTS syntax");
     assert_eq!(found("").len(), 30, "empty: no filter");
-    for refused in ["30".to_owned(), "x".repeat(501)] {
+    for (refused, limit) in
+        [("30".to_owned(), "at least 3"), ("x".repeat(65), "at most 64"), ("é".repeat(65), "at most 64")]
+    {
         let error = store.browse(&Browse { code_contains: Some(refused), ..Browse::default() }).unwrap_err();
         assert!(matches!(error, AuditError::BadFilter { field: "code_contains", .. }), "{error}");
+        assert!(error.to_string().contains(limit), "the error names the limit: {error}");
     }
+    assert_eq!(found(&"x".repeat(64)).len(), 0, "64 characters is a search");
     let both = Browse { code_contains: Some("run 2".to_owned()), status: Some(Status::Failed), ..Browse::default() };
     assert_eq!(ids(&store, &both).0, ["r27", "r24", "r21"]);
 }
