@@ -205,9 +205,9 @@ fn numbered_code(out: &mut String, code: &str, error_line: Option<u32>) {
         out.push_str("(no code)\n");
         return;
     }
-    let count = code.lines().count();
-    let width = count.to_string().len();
-    for (index, text) in code.lines().enumerate() {
+    let lines = airlock_core::source_lines(code);
+    let width = lines.len().to_string().len();
+    for (index, text) in lines.into_iter().enumerate() {
         let number = index + 1;
         let marker = if error_line.is_some_and(|line| line as usize == number) { '>' } else { ' ' };
         let _ = writeln!(out, "{marker}{number:>width$} | {}", safe(text));

@@ -335,7 +335,8 @@ fn connections(record: &RunRecord) -> Vec<ConnectionView> {
 }
 
 fn code_lines(code: &str, error_line: Option<usize>) -> Vec<CodeLine> {
-    code.lines()
+    airlock_core::source_lines(code)
+        .into_iter()
         .enumerate()
         .map(|(index, text)| CodeLine { number: index + 1, text: safe(text), marked: error_line == Some(index + 1) })
         .collect()
@@ -459,6 +460,15 @@ fn chain_checks(run: &StoredRun, neighbours: Option<&Neighbours>) -> Vec<ChainCh
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_error_mark_lands_on_the_line_python_reported() {
+        // Python numbers "x = 1\r" as line 1 and the raise as line 3.
+        let lines = code_lines("x = 1\ry = 2\r\nraise ValueError(x)\n", Some(3));
+        let marked: Vec<&str> = lines.iter().filter(|line| line.marked).map(|line| line.text.as_str()).collect();
+        assert_eq!(marked, ["raise ValueError(x)"]);
+        assert_eq!(lines.len(), 3);
+    }
 
     #[test]
     fn ids_stay_in_their_path_segment() {
