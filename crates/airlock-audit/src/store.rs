@@ -473,6 +473,17 @@ impl AuditStore {
         }))
     }
 
+    /// Who asked for run `run_id`: `None` when there is no such run,
+    /// `Some(None)` when it was recorded without a principal. One indexed
+    /// look-up: check this before reading a run for a viewer, so that a run
+    /// they may not see costs the same as one that is not there.
+    pub fn principal_of(&self, run_id: &str) -> Result<Option<Option<String>>, AuditError> {
+        self.lock()
+            .query_row("SELECT principal FROM runs WHERE run_id = ?1", [run_id], |row| row.get(0))
+            .optional()
+            .map_err(|error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT))
+    }
+
     /// The recorded head of the chain, `None` while it is empty.
     pub fn head(&self) -> Result<Option<ChainHead>, AuditError> {
         let head =

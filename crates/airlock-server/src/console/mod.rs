@@ -143,8 +143,13 @@ pub fn for_engine<S: Clone + Send + Sync + 'static>(engine: &crate::Engine) -> R
 
 /// Every route of the console, under `/ui`, with its security headers.
 pub fn router<S: Clone + Send + Sync + 'static>(console: Arc<Console>) -> Router<S> {
-    Router::new()
-        .route("/ui", get(pages::home))
+    routes(Router::new(), console)
+}
+
+/// The console's routes added to `base` (which may hold a fallback), then
+/// the layers: everything `base` answers gets the security headers too.
+fn routes<S: Clone + Send + Sync + 'static>(base: Router<Arc<Console>>, console: Arc<Console>) -> Router<S> {
+    base.route("/ui", get(pages::home))
         .route("/ui/", get(pages::home))
         .route("/ui/login", get(pages::login_form).post(pages::login))
         .route("/ui/logout", post(pages::logout))
@@ -169,8 +174,9 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // Alone on its listener, everything else leads to the runs.
-    let app: Router = router(console).fallback(pages::home);
+    // Alone on its listener, everything else leads to the runs; the
+    // fallback sits under the layers, so its redirect is hardened too.
+    let app: Router = routes(Router::new().fallback(pages::home), console);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use airlock::Status;
-use airlock::audit::{AuditError, AuditStore, Browse, ChainBreak, ChainHead, Position, StoredRun};
+use airlock::audit::{AuditError, AuditStore, Browse, ChainBreak, ChainHead, ContentState, Position, StoredRun};
 use askama::Template;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
@@ -152,8 +152,18 @@ fn error_page(status: StatusCode, frame: Frame, heading: &str, message: String) 
     html(status, &ErrorPage { frame, heading: heading.to_owned(), message: airlock_core::terminal_safe(&message) })
 }
 
+/// What a viewer is told of a store error: that it happened, never the
+/// server's paths or SQLite's words. The detail goes to the server's log.
+const STORE_TROUBLE: &str = "The audit store could not be read just now; the server's log says why.";
+
+/// Logs `error` for the operator; returns what the viewer is told.
+fn logged(error: &AuditError) -> String {
+    eprintln!("airlock: console: {error}");
+    STORE_TROUBLE.to_owned()
+}
+
 fn store_failed(frame: Frame, error: &AuditError) -> Response {
-    error_page(StatusCode::INTERNAL_SERVER_ERROR, frame, "The audit store could not be read", error.to_string())
+    error_page(StatusCode::INTERNAL_SERVER_ERROR, frame, "The audit store could not be read", logged(error))
 }
 
 /// The same answer for a run that is not there and one that is not yours.
@@ -410,9 +420,13 @@ pub(super) async fn runs(
 }
 
 /// The run `id` if this session may see it: `Ok(None)` when it is absent
-/// or another's, alike.
+/// or another's, alike, and after the same work (one indexed look-up of
+/// who asked for it), so that the time of the answer does not tell them apart.
 fn visible_run(store: &AuditStore, id: &str, session: &Session) -> Result<Option<StoredRun>, AuditError> {
-    Ok(store.get(id)?.filter(|run| session.viewer.may_see(run.entry.principal.as_deref())))
+    match store.principal_of(id)? {
+        Some(principal) if session.viewer.may_see(principal.as_deref()) => store.get(id),
+        _ => Ok(None),
+    }
 }
 
 /// Contents as the console serves them: URLs of its own, when kept.
@@ -421,23 +435,36 @@ struct Served<'a> {
     id_path: String,
 }
 
+/// A kept content whose bytes no longer match its recorded hash.
+pub(super) const ALTERED: &str = "ALTERED: the kept bytes no longer hash to the recorded sha256, so they are not shown";
+
 const NOT_KEPT: &str = "not kept in the store (recorded by an older airlock, or returned to a file)";
+
+impl Served<'_> {
+    /// Where content `sha256` is served from, or why it is not: checked
+    /// against its hash first, so an altered content says so rather than
+    /// showing as a broken image.
+    fn source(&self, kind: &str, index: usize, sha256: &str) -> Source {
+        match self.store.content_state(sha256) {
+            Ok(ContentState::Kept) => match self.store.content(sha256) {
+                Ok(_) => Source::Url(format!("/ui/runs/{}/{kind}/{index}", self.id_path)),
+                Err(AuditError::ContentAltered { .. }) => Source::Missing(ALTERED.to_owned()),
+                Err(error) => Source::Missing(logged(&error)),
+            },
+            Ok(ContentState::Skipped(reason)) => Source::Missing(format!("not kept: {reason}")),
+            Ok(ContentState::Absent) => Source::Missing(NOT_KEPT.to_owned()),
+            Err(error) => Source::Missing(logged(&error)),
+        }
+    }
+}
 
 impl Contents for Served<'_> {
     fn figure(&self, index: usize, sha256: &str) -> Source {
-        match self.store.has_content(sha256) {
-            Ok(true) => Source::Url(format!("/ui/runs/{}/figures/{index}", self.id_path)),
-            Ok(false) => Source::Missing(NOT_KEPT.to_owned()),
-            Err(error) => Source::Missing(error.to_string()),
-        }
+        self.source("figures", index, sha256)
     }
 
     fn artifact(&self, index: usize, sha256: &str) -> Source {
-        match self.store.has_content(sha256) {
-            Ok(true) => Source::Url(format!("/ui/runs/{}/artifacts/{index}", self.id_path)),
-            Ok(false) => Source::Missing(NOT_KEPT.to_owned()),
-            Err(error) => Source::Missing(error.to_string()),
-        }
+        self.source("artifacts", index, sha256)
     }
 
     fn text(&self, sha256: &str) -> Option<String> {
@@ -516,7 +543,11 @@ pub(super) async fn run_report(
             Ok(response)
         }
         Ok(None) => Err(no_such_run(frame, uri.path().trim_start_matches("/ui/runs/"))),
-        Err(error) => Err(error_page(StatusCode::INTERNAL_SERVER_ERROR, frame, "The report failed", error.to_string())),
+        Err(super::ReportError::Audit(error)) => Err(store_failed(frame, &error)),
+        Err(error) => {
+            eprintln!("airlock: console: {error}");
+            Err(error_page(StatusCode::INTERNAL_SERVER_ERROR, frame, "The report failed", STORE_TROUBLE.to_owned()))
+        }
     }
 }
 
@@ -569,8 +600,8 @@ async fn content(console: Arc<Console>, session: Session, id: String, index: usi
         Ok(Ok(None)) => plain(StatusCode::NOT_FOUND, "there is no such content that you may see"),
         Ok(Ok(Some((_, None)))) => plain(StatusCode::NOT_FOUND, NOT_KEPT),
         Ok(Ok(Some((name, Some(bytes))))) => answer(kind, &name, bytes),
-        Ok(Err(error @ AuditError::ContentAltered { .. })) => plain(StatusCode::CONFLICT, &error.to_string()),
-        Ok(Err(error)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string()),
+        Ok(Err(AuditError::ContentAltered { .. })) => plain(StatusCode::CONFLICT, ALTERED),
+        Ok(Err(error)) => plain(StatusCode::INTERNAL_SERVER_ERROR, &logged(&error)),
     }
 }
 
@@ -583,7 +614,8 @@ fn answer(kind: Kind, name: &str, bytes: Vec<u8>) -> Response {
             plain(StatusCode::UNPROCESSABLE_ENTITY, "the recorded figure is not a PNG, so it is not shown")
         }
         Kind::Figure => {
-            let headers = [(header::CONTENT_TYPE, "image/png"), (header::CACHE_CONTROL, "private, max-age=3600")];
+            // no-store, as every page holding a run: a figure is a run's output.
+            let headers = [(header::CONTENT_TYPE, "image/png"), (header::CACHE_CONTROL, "no-store")];
             (StatusCode::OK, headers, bytes).into_response()
         }
         Kind::Artifact => {

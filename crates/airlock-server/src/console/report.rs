@@ -57,7 +57,7 @@ impl Contents for Embedded<'_> {
             }
             Ok(Some(_)) => Source::Missing("the recorded figure is not a PNG, so it is not shown".to_owned()),
             Ok(None) => Source::Missing("not kept in the store".to_owned()),
-            Err(error) => Source::Missing(error.to_string()),
+            Err(error) => Source::Missing(unreadable(&error)),
         }
     }
 
@@ -65,13 +65,23 @@ impl Contents for Embedded<'_> {
         match self.store.has_content(sha256) {
             Ok(true) => Source::Missing("kept in the store, not embedded here; its sha256 names it".to_owned()),
             Ok(false) => Source::Missing("not kept in the store".to_owned()),
-            Err(error) => Source::Missing(error.to_string()),
+            Err(error) => Source::Missing(unreadable(&error)),
         }
     }
 
     fn text(&self, sha256: &str) -> Option<String> {
         String::from_utf8(self.store.content(sha256).ok()??).ok()
     }
+}
+
+/// What a report says of a content it could not read: ALTERED, or that the
+/// store failed (the detail logged, never the server's paths in the file).
+fn unreadable(error: &AuditError) -> String {
+    if let AuditError::ContentAltered { .. } = error {
+        return super::pages::ALTERED.to_owned();
+    }
+    eprintln!("airlock: report: {error}");
+    "could not be read from the store".to_owned()
 }
 
 /// The report of `run`, its contents read from `store`.
