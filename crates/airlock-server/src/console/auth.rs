@@ -44,6 +44,10 @@ pub const LOGIN_COOKIE: &str = "airlock_login";
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(8 * 3600);
 /// Sessions kept at most; past it the one closest to expiry goes.
 const MAX_SESSIONS: usize = 10_000;
+/// Sessions one viewer keeps at most (browsers, machines); past it their own
+/// session closest to expiry goes, so that one token signing in over and
+/// over never ends anyone else's session.
+pub const MAX_SESSIONS_PER_VIEWER: usize = 16;
 
 /// A logged-in viewer and the CSRF token of their forms.
 #[derive(Clone, Debug)]
@@ -67,6 +71,13 @@ impl Sessions {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         live.retain(|_, session| session.expires > now);
+        let theirs = live.iter().filter(|(_, old)| old.viewer.name == session.viewer.name);
+        if theirs.clone().count() >= MAX_SESSIONS_PER_VIEWER {
+            let oldest = theirs.min_by_key(|(_, old)| old.expires).map(|(key, _)| *key);
+            if let Some(key) = oldest {
+                live.remove(&key);
+            }
+        }
         if live.len() >= MAX_SESSIONS {
             let oldest = live.iter().min_by_key(|(_, session)| session.expires).map(|(key, _)| *key);
             if let Some(key) = oldest {
@@ -143,13 +154,14 @@ pub fn set_cookie(name: &str, value: Option<&str>, max_age: Duration, secure: bo
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("invalid=; Max-Age=0"))
 }
 
-/// Whether the browser says this request came from another site (Fetch
-/// Metadata, or an Origin that is not this host). Browsers that send
-/// neither are judged by the CSRF token alone.
+/// Whether the browser says this request came from another site: by Fetch
+/// Metadata alone when the browser sends it (a proxy that rewrites `Host`
+/// would make a same-origin `Origin` look foreign), else by an Origin that
+/// is not this host. Browsers that send neither are judged by the CSRF
+/// token alone.
 pub fn cross_site(headers: &HeaderMap) -> bool {
-    let fetch_site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
-    if matches!(fetch_site, Some("cross-site" | "same-site")) {
-        return true;
+    if let Some(fetch_site) = headers.get("sec-fetch-site") {
+        return !matches!(fetch_site.to_str(), Ok("same-origin" | "none"));
     }
     let origin = headers.get(header::ORIGIN).and_then(|value| value.to_str().ok());
     let host = headers.get(header::HOST).and_then(|value| value.to_str().ok());
@@ -198,6 +210,21 @@ mod tests {
     }
 
     #[test]
+    fn one_viewer_signing_in_over_and_over_ends_only_their_own_sessions() {
+        let sessions = Sessions::default();
+        let cookie = |value: &str| headers(&[("cookie", &format!("{SESSION_COOKIE}={value}"))]);
+        let bob = sessions.start(Viewer { name: "bob".into(), see_all_runs: false }).unwrap();
+        let alice = |_| sessions.start(Viewer { name: "alice".into(), see_all_runs: false }).unwrap();
+        let first = alice(0);
+        let rest: Vec<String> = (1..MAX_SESSIONS_PER_VIEWER * 2).map(alice).collect();
+        assert!(sessions.find(&cookie(&bob)).is_some(), "bob's session outlives alice's many");
+        assert!(sessions.find(&cookie(&first)).is_none(), "alice's oldest went");
+        assert!(sessions.find(&cookie(rest.last().unwrap())).is_some());
+        let live = sessions.live.lock().unwrap();
+        assert_eq!(live.values().filter(|session| session.viewer.name == "alice").count(), MAX_SESSIONS_PER_VIEWER);
+    }
+
+    #[test]
     fn the_cookie_is_http_only_strict_and_secure_over_tls() {
         let plain = set_cookie(SESSION_COOKIE, Some("ab"), SESSION_LIFETIME, false);
         assert_eq!(plain.to_str().unwrap(), "airlock_session=ab; Path=/ui; Max-Age=28800; HttpOnly; SameSite=Strict");
@@ -211,6 +238,12 @@ mod tests {
         assert!(cross_site(&headers(&[("origin", "http://evil.example"), ("host", "127.0.0.1:8750")])));
         assert!(!cross_site(&headers(&[("origin", "http://127.0.0.1:8750"), ("host", "127.0.0.1:8750")])));
         assert!(cross_site(&headers(&[("origin", "null")])));
+        // Behind a proxy that rewrites Host, the browser's word decides.
+        let proxied =
+            [("sec-fetch-site", "same-origin"), ("origin", "https://console.example"), ("host", "10.0.0.5:8750")];
+        assert!(!cross_site(&headers(&proxied)));
+        assert!(cross_site(&headers(&[("sec-fetch-site", "same-site"), ("origin", "http://a"), ("host", "a")])));
+        assert!(cross_site(&headers(&[("sec-fetch-site", "bogus")])));
         assert!(!cross_site(&headers(&[])));
         assert!(same_secret("abc", "abc") && !same_secret("abc", "abd"));
     }
