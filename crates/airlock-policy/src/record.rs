@@ -59,6 +59,17 @@ impl Status {
         Status::SandboxError,
     ];
 
+    /// The limit a run with this status was stopped by, if a limit did.
+    pub fn stopping_limit(self) -> Option<Limit> {
+        match self {
+            Status::Timeout => Some(Limit::WallTime),
+            Status::MemoryLimit => Some(Limit::Memory),
+            Status::CpuLimit => Some(Limit::CpuTime),
+            Status::OutputLimit => Some(Limit::Output),
+            _ => None,
+        }
+    }
+
     /// Parses a status name.
     pub fn parse(name: &str) -> Option<Status> {
         Status::ALL.into_iter().find(|s| s.name() == name)
@@ -346,13 +357,7 @@ impl RunRecord {
 
     /// The limit that stopped the run, if a limit did.
     pub fn stopping_limit(&self) -> Option<Limit> {
-        match self.status {
-            Status::Timeout => Some(Limit::WallTime),
-            Status::MemoryLimit => Some(Limit::Memory),
-            Status::CpuLimit => Some(Limit::CpuTime),
-            Status::OutputLimit => Some(Limit::Output),
-            _ => None,
-        }
+        self.status.stopping_limit()
     }
 }
 

@@ -11,6 +11,10 @@
 //! image = "python-data"         # the runtime image [default: python-data], or:
 //! # python = "/usr/bin/python3" # a host interpreter as it is
 //! # audit_db = "/var/lib/airlock/audit.sqlite3"  # [default: audit.sqlite3 in the data directory]
+//! keep_contents = "all"         # figures and inline artefacts kept beside the chain, for
+//!                               # the console: "all", "figures" or "off" [default: all]
+//! contents_quota_mb = 1024      # the most kept contents take in all; past it a content is
+//!                               # skipped (and noted), the run still recorded [default: 1024]
 //!
 //! [defaults]                    # a PolicySpec: what a run gets when it asks for nothing
 //! timeout_s = 10
@@ -38,6 +42,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use airlock::audit::{ContentsPolicy, DEFAULT_CONTENTS_QUOTA, KeepContents};
 use airlock::{HostFacts, Policy, PolicyError, PolicySpec, Runtime, SandboxPath};
 use serde::Deserialize;
 use sha2::Digest;
@@ -64,6 +69,8 @@ pub struct ServerConfig {
     pub image: Option<String>,
     pub python: Option<String>,
     pub audit_db: Option<PathBuf>,
+    pub keep_contents: Option<KeepContents>,
+    pub contents_quota_mb: Option<u64>,
     #[serde(default)]
     pub defaults: PolicySpec,
     #[serde(default)]
@@ -178,6 +185,8 @@ pub struct Settings {
     pub tokens: Vec<Token>,
     pub files: Vec<DataFile>,
     pub audit_db: PathBuf,
+    /// Which contents the audit store keeps, and how much in all.
+    pub contents: ContentsPolicy,
 }
 
 impl Settings {
@@ -226,6 +235,11 @@ impl Settings {
             }
         }
         let files = read_files(&config.files, &defaults)?;
+        let quota_mb = config.contents_quota_mb.unwrap_or(DEFAULT_CONTENTS_QUOTA >> 20);
+        let quota_bytes = quota_mb
+            .checked_mul(1 << 20)
+            .ok_or_else(|| invalid("contents_quota_mb", &format!("{quota_mb} MiB is more than any disk holds")))?;
+        let contents = ContentsPolicy { keep: config.keep_contents.unwrap_or_default(), quota_bytes };
         Ok(Settings {
             listen: config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
             concurrency,
@@ -239,21 +253,28 @@ impl Settings {
             tokens,
             files,
             audit_db: config.audit_db.clone().unwrap_or(default_audit_db),
+            contents,
         })
     }
 
     /// The token whose hash matches `presented`, compared in constant time.
     pub fn token(&self, presented: &str) -> Option<&Token> {
-        let digest: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
-        let mut found = None;
-        for token in &self.tokens {
-            let difference = token.sha256.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            if difference == 0 {
-                found = Some(token);
-            }
-        }
-        found
+        find_token(&self.tokens, presented)
     }
+}
+
+/// The token of `tokens` whose hash matches `presented`, compared in
+/// constant time: for the API's bearer tokens and the console's login.
+pub fn find_token<'a>(tokens: &'a [Token], presented: &str) -> Option<&'a Token> {
+    let digest: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
+    let mut found = None;
+    for token in tokens {
+        let difference = token.sha256.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if difference == 0 {
+            found = Some(token);
+        }
+    }
+    found
 }
 
 /// What the code runs with: the image named in the config (built on first

@@ -209,6 +209,7 @@ pub fn router(engine: Shared, mcp: StreamableHttpService<McpServer, LocalSession
         .route("/healthz", get(health))
         .route("/openapi.json", get(openapi))
         .merge(protected)
+        .merge(crate::console::for_engine(&engine))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(cap))
         .with_state(engine)

@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod console;
 pub mod engine;
 pub mod http;
 pub mod mcp;
@@ -64,7 +65,7 @@ pub fn start(config: &ServerConfig) -> Result<Arc<Engine>, StartError> {
     let host = airlock::host_facts()?;
     let runtime = config::resolve_runtime(config)?;
     let settings = Settings::new(config, host, runtime, AuditStore::default_path()?)?;
-    let audit = Arc::new(AuditStore::open(&settings.audit_db)?);
+    let audit = Arc::new(AuditStore::open(&settings.audit_db)?.with_contents(settings.contents));
     Ok(Arc::new(Engine::new(settings, audit)))
 }
 
