@@ -161,22 +161,8 @@ fn a_flood_cannot_hold_off_the_clock(user: User) {
     let rounds = 5;
     let _alone = exclusive();
     let airlock = AirlockAs::new(user);
-    let code = r#"
-import ctypes, fcntl, os
-F_SETPIPE_SZ, size = 1031, 1 << 20
-tee = ctypes.CDLL(None).tee
-for fd in (1, 2):
-    fcntl.fcntl(fd, F_SETPIPE_SZ, size)
-for i in range(40):
-    if os.fork() == 0:
-        r, w = os.pipe()
-        fcntl.fcntl(w, F_SETPIPE_SZ, size)
-        os.write(w, b"f" * size)
-        while True:
-            tee(r, 1 + i % 2, size, 0)
-while True:
-    os.wait()
-"#;
+    // The same flood bench/flood.py measures the supervisor against.
+    let code = include_str!("../../bench/flood_code.py");
     for round in 0..rounds {
         let started = Instant::now();
         let (record, output) = airlock.run(&["--timeout", "3", "--cpus", "2", "-c", code]);

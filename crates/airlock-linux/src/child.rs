@@ -151,8 +151,11 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), 
     protocol::send(socket, &Reply::Ready, &borrowed).map_err(|e| Failure::new("report readiness", "", &e))?;
     drop(handed);
 
-    // A pool of ready sandboxes would hold here until a run claims one.
-    wait_for_release(socket)?;
+    // The supervisor starts the proxy here (a pool of ready sandboxes would
+    // hold here until a run claims one).
+    if plan.hold_for_release {
+        wait_for_release(socket)?;
+    }
     let code = start_code(plan, &exec, fds, &init)?;
     let reply =
         Reply::CodeStarted { code_pid: code.child.pid, layers: code.layers.clone(), landlock_abi: sys::landlock_abi() };

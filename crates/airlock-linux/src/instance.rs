@@ -92,6 +92,8 @@ impl Instance for LinuxInstance {
             program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_fifo: program.reports,
             proxy_listener: network,
+            // The proxy must serve before the code's first byte.
+            hold_for_release: network,
             argv: program.argv,
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),

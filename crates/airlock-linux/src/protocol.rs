@@ -5,8 +5,9 @@
 //! code), so a request's body travels in a memfd attached to the message.
 //! Only the helper answers, with [`Reply`]s: small messages, some with
 //! descriptors (namespaces, the init's pidfd, the report FIFO). A run is
-//! two steps: the helper makes the sandbox ready ([`Reply::Ready`]) and
-//! waits; the supervisor releases the code ([`Control::Release`]).
+//! two steps: the helper makes the sandbox ready ([`Reply::Ready`]) and,
+//! when the plan says so, waits until the supervisor releases the code
+//! ([`Control::Release`]).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Seek, Write};
 use std::mem::MaybeUninit;
@@ -99,6 +100,11 @@ pub struct RunPlan {
     pub report_fifo: bool,
     /// Whether to listen on 127.0.0.1:3128 inside and hand the socket over.
     pub proxy_listener: bool,
+    /// Whether the helper, once the sandbox is ready, holds the code until
+    /// [`Control::Release`]: when the supervisor has something to start
+    /// first (the proxy; a pool of ready sandboxes, a claim). Otherwise it
+    /// releases the code itself, which saves two hand-offs per run.
+    pub hold_for_release: bool,
     pub argv: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
@@ -327,6 +333,7 @@ mod tests {
             program_files: vec![("main.py".into(), "print('é')".into())],
             report_fifo: true,
             proxy_listener: false,
+            hold_for_release: false,
             argv: vec!["python".into()],
             env: vec!["A=b".into()],
             cwd: "/work".into(),

@@ -162,6 +162,8 @@ struct Run<'a, 'w, 'p> {
     on_proxy: &'a mut ProxyStart<'p>,
     wants_report: bool,
     wants_proxy: bool,
+    /// The helper holds the code until it is released.
+    holds: bool,
     helper: Child,
     helper_pidfd: OwnedFd,
     helper_done: bool,
@@ -205,7 +207,7 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         watch: &'a Watch<'w>,
         on_proxy: &'a mut ProxyStart<'p>,
     ) -> io::Result<Run<'a, 'w, 'p>> {
-        let (wants_report, wants_proxy) = (plan.report_fifo, plan.proxy_listener);
+        let (wants_report, wants_proxy, holds) = (plan.report_fifo, plan.proxy_listener, plan.hold_for_release);
         // How the run enters its cgroup follows from the cgroup itself, so
         // the plan and the descriptors sent with it cannot disagree.
         let placement = cgroup.map(|c| c.placement()).transpose()?;
@@ -267,6 +269,7 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
             on_proxy,
             wants_report,
             wants_proxy,
+            holds,
             helper: child,
             helper_pidfd,
             helper_done: false,
@@ -465,7 +468,7 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
     }
 
     /// The sandbox is ready: start the proxy on its listener, then release
-    /// the code, unless the run is already over.
+    /// the code if the helper holds it, unless the run is already over.
     fn on_ready(&mut self, fds: Vec<OwnedFd>) {
         let mut fds = fds.into_iter();
         if self.wants_report {
@@ -477,6 +480,9 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         }
         if self.observed.killed.is_some() {
             self.kill_now();
+            return;
+        }
+        if !self.holds {
             return;
         }
         if let Err(e) = protocol::send(self.socket.as_fd(), &Control::Release, &[]) {
