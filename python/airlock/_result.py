@@ -58,7 +58,9 @@ class RunResult:
 
     ``ok`` is true when the code exited 0 within every limit. ``status`` says
     how the run ended in one word: ``ok``, ``failed``, ``timeout``,
-    ``memory_limit``, ``cpu_limit``, ``output_limit`` or ``sandbox_error``;
+    ``memory_limit``, ``cpu_limit``, ``output_limit``, ``internal_error``
+    (airlock itself failed while the code ran; everything observed is kept)
+    or ``sandbox_error``;
     ``limit`` names the limit that stopped it (``wall_time``, ``memory``,
     ``cpu_time``, ``output``), if one did. ``record`` is the whole run record
     as a dict, the same one ``airlock run --json`` prints.

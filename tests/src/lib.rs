@@ -10,6 +10,8 @@ use airlock::image::ImageStore;
 use airlock::{Policy, RunRecord, RunRequest, Runtime, Sandbox};
 use airlock_linux::LinuxBackend;
 
+pub mod users;
+
 /// The folder cargo put this build's binaries in (`target/debug`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary has a path");

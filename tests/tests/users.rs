@@ -5,50 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use airlock_tests::users::{Delegated, nobody_command, parse_record, user_home};
 use airlock_tests::{airlock_bin, exclusive, helper};
 use serde_json::Value;
-
-const NOBODY: u32 = 65534;
-
-/// A data directory the unprivileged user may write.
-fn user_home() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
-    dir
-}
 
 /// `airlock run ARGS` as user nobody, using the system's Python (the test
 /// account cannot read root's), optionally first entering `cgroups`.
 fn run_as_nobody(home: &Path, cgroups: &[PathBuf], args: &[&str]) -> Output {
-    let mut script = String::new();
-    for dir in cgroups {
-        script.push_str(&format!("echo $$ > {}/cgroup.procs && ", dir.display()));
-    }
-    script.push_str("exec setpriv --reuid=65534 --regid=65534 --clear-groups \"$@\"");
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg("sh")
-        .arg(airlock_bin())
-        .args(["run", "--json", "--python", "/usr/bin/python3"])
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("AIRLOCK_HOME", home)
-        .env("AIRLOCK_INIT", helper())
-        .current_dir(home)
-        .output()
-        .unwrap()
+    nobody_command(home, cgroups).args(["run", "--json", "--python", "/usr/bin/python3"]).args(args).output().unwrap()
 }
 
 fn record(output: &Output) -> Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}\nstdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+    parse_record(output)
 }
 
 #[test]
@@ -109,50 +77,6 @@ for d in ["/home", "/root", "/etc/shadow"]:
 
 fn record_status(output: &Output) -> String {
     record(output)["status"].as_str().unwrap().to_owned()
-}
-
-/// Cgroups made for this test and handed to the unprivileged user, as an
-/// administrator (or systemd's Delegate=yes) would.
-struct Delegated(Vec<PathBuf>);
-
-impl Delegated {
-    fn new() -> Delegated {
-        let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let hierarchy = airlock_linux::Hierarchy::from_tables(
-            &std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
-            &membership,
-            None,
-            &|mount| std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default(),
-        )
-        .unwrap();
-        let name = format!("airlock-test-delegated-{}", std::process::id());
-        let parents: Vec<PathBuf> = match hierarchy {
-            airlock_linux::Hierarchy::V1 { memory, pids, cpu, cpuacct } => {
-                let mut v = vec![memory, pids, cpu];
-                v.extend(cpuacct);
-                v
-            }
-            airlock_linux::Hierarchy::V2 { parent, .. } => vec![parent],
-        };
-        let dirs: Vec<PathBuf> = parents.iter().map(|p| p.join(&name)).collect();
-        for dir in &dirs {
-            std::fs::create_dir(dir).unwrap();
-            for entry in std::iter::once(dir.clone()).chain(["cgroup.procs", "tasks"].iter().map(|f| dir.join(f))) {
-                if entry.exists() {
-                    std::os::unix::fs::chown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
-                }
-            }
-        }
-        Delegated(dirs)
-    }
-}
-
-impl Drop for Delegated {
-    fn drop(&mut self) {
-        for dir in &self.0 {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
 }
 
 #[test]

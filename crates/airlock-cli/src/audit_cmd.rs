@@ -54,7 +54,7 @@ enum AuditCommand {
     Migrate,
     /// List runs, newest first.
     List {
-        /// Only runs with this status (ok, failed, timeout, memory_limit, cpu_limit, output_limit, sandbox_error).
+        /// Only runs with this status (ok, failed, timeout, memory_limit, cpu_limit, output_limit, sandbox_error, internal_error).
         #[arg(long)]
         status: Option<String>,
         /// Only runs started at or after this time (RFC 3339, or a date).

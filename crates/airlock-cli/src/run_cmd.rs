@@ -195,7 +195,7 @@ fn exit_status(record: &RunRecord) -> u8 {
         Status::Ok => 0,
         Status::Timeout => exit::TIMEOUT,
         Status::MemoryLimit | Status::CpuLimit | Status::OutputLimit => exit::KILLED,
-        Status::SandboxError => exit::SANDBOX_ERROR,
+        Status::SandboxError | Status::InternalError => exit::SANDBOX_ERROR,
         Status::Failed => match (record.exit_code, record.signal) {
             (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
             (None, Some(signal)) => u8::try_from((128 + signal) & 0xff).unwrap_or(1),

@@ -73,7 +73,9 @@ pub trait Instance: Send {
     fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError>;
 
     /// Runs one job in a fresh process tree (or fresh instance) and reports
-    /// what happened. Returns `Err` only when the sandbox itself failed.
+    /// what happened. Returns `Err` only when the code never started; once
+    /// it has, every failure of the backend's own is in the execution
+    /// (status `internal_error`), beside everything observed.
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError>;
 }
 

@@ -4,7 +4,9 @@
 //! what the host lets it enforce, refuses a policy it cannot honour, and makes
 //! [`Instance`]s, each one sandbox with its own work directory. An instance
 //! runs [`Job`]s and reports an [`Execution`]; [`record::assemble`] turns that
-//! into the [`airlock_policy::RunRecord`] every front door returns.
+//! into the [`airlock_policy::RunRecord`] every front door returns. How a
+//! run ended is decided by one pure function, [`outcome::classify`], from
+//! what the backend observed.
 //!
 //! Backends share the Python [`driver`] (values, errors and figures, the way a
 //! notebook shows them), [`output::CappedBuffer`] for stdout and stderr, and
@@ -16,6 +18,7 @@ pub mod backend;
 pub mod driver;
 pub mod error;
 pub mod host;
+pub mod outcome;
 pub mod output;
 pub mod paths;
 pub mod record;

@@ -105,7 +105,9 @@ fn missing_module_message(module: &str, original: &str, ctx: &RunContext<'_>) ->
     )
 }
 
-/// The record of a run whose sandbox failed before or while running the code.
+/// The record of a run whose sandbox never started the code. (Once the code
+/// has started, the backend's [`Execution`] carries everything observed, and
+/// [`assemble`] makes the record even when airlock itself failed.)
 pub fn sandbox_error(ctx: &RunContext<'_>, error: &SandboxError, isolation: Isolation) -> RunRecord {
     let mut record = ctx.base();
     record.status = Status::SandboxError;

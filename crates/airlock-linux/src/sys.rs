@@ -214,8 +214,8 @@ pub fn landlock_abi() -> Option<u32> {
 }
 
 /// Waits for child `pid` and returns the CPU time (user + system) it and the
-/// descendants it reaped used.
-pub fn wait4_cpu_time(pid: i32) -> io::Result<std::time::Duration> {
+/// descendants it reaped used, and how it ended, in words.
+pub fn wait4_cpu_time(pid: i32) -> io::Result<(std::time::Duration, String)> {
     let mut status: libc::c_int = 0;
     // SAFETY: rusage is plain old data; all-zero is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -231,5 +231,34 @@ pub fn wait4_cpu_time(pid: i32) -> io::Result<std::time::Duration> {
         }
     }
     let time = |tv: libc::timeval| std::time::Duration::new(tv.tv_sec as u64, (tv.tv_usec as u32) * 1000);
-    Ok(time(usage.ru_utime) + time(usage.ru_stime))
+    let ended = if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    };
+    Ok((time(usage.ru_utime) + time(usage.ru_stime), ended))
+}
+
+/// The run's init, its work done: reaps whatever is orphaned to it, for
+/// ever. SIGCHLD is blocked and waited for, so it sleeps until a child ends
+/// and wakes for nothing else; the helper outside ends it with SIGKILL.
+pub fn reap_orphans_forever() -> ! {
+    // SAFETY: sigset_t is plain data; all-zero is a valid value, which
+    // sigemptyset then initialises.
+    let mut sigchld: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `sigchld` is a valid sigset_t owned here; SIGCHLD is a valid
+    // signal number. The init is single-threaded, so the process mask is
+    // this thread's.
+    unsafe {
+        libc::sigemptyset(&raw mut sigchld);
+        libc::sigaddset(&raw mut sigchld, libc::SIGCHLD);
+        libc::sigprocmask(libc::SIG_BLOCK, &raw const sigchld, std::ptr::null_mut());
+    }
+    loop {
+        // Every child that has ended, then sleep until the next one does (a
+        // SIGCHLD sent between the two stays pending and wakes it at once).
+        while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
+        // SAFETY: `sigchld` is a valid, initialised set; no siginfo is asked for.
+        unsafe { libc::sigwaitinfo(&raw const sigchld, std::ptr::null_mut()) };
+    }
 }

@@ -30,9 +30,13 @@ pub enum Status {
     CpuLimit,
     /// The output limit stopped the run (with `on_output_limit = "kill"`).
     OutputLimit,
-    /// The sandbox itself failed; the code may not have run at all.
+    /// The sandbox could not start the code: the code never ran.
     #[default]
     SandboxError,
+    /// The code started, but airlock's own machinery failed during the run
+    /// (or it was stopped on request) before airlock could vouch for how it
+    /// ended; everything observed is kept, and `message` says what failed.
+    InternalError,
 }
 
 impl Status {
@@ -45,11 +49,12 @@ impl Status {
             Status::CpuLimit => "cpu_limit",
             Status::OutputLimit => "output_limit",
             Status::SandboxError => "sandbox_error",
+            Status::InternalError => "internal_error",
         }
     }
 
     /// Every status, for documentation and metrics.
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::Ok,
         Status::Failed,
         Status::Timeout,
@@ -57,6 +62,7 @@ impl Status {
         Status::CpuLimit,
         Status::OutputLimit,
         Status::SandboxError,
+        Status::InternalError,
     ];
 
     /// The limit a run with this status was stopped by, if a limit did.
@@ -289,7 +295,9 @@ pub struct NetworkRecord {
 }
 
 /// Everything about one run. Every run, on every backend, produces one, even
-/// when the sandbox could not start (status `sandbox_error`).
+/// when the sandbox could not start (status `sandbox_error`) or airlock
+/// failed while the code ran (status `internal_error`, with everything
+/// observed).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub schema_version: u32,

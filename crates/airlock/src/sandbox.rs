@@ -83,8 +83,10 @@ pub struct Audit {
 /// A run whose record cannot simply be handed out.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The sandbox itself could not carry out the run; the record says so
-    /// (status `sandbox_error`, the error as its message).
+    /// The sandbox could not start the code; the record says so (status
+    /// `sandbox_error`, the error as its message). Once the code has
+    /// started, a run always has a record of everything observed, even when
+    /// airlock's own machinery failed (status `internal_error`).
     #[error("{error}")]
     Sandbox { error: airlock_core::SandboxError, record: Box<RunRecord> },
     /// The run happened but the audit store could not record it; the
@@ -290,7 +292,7 @@ impl Sandbox {
     }
 
     /// Runs a request and returns its record. Never fails: a sandbox that
-    /// could not run the code gives a record with status `sandbox_error`,
+    /// could not start the code gives a record with status `sandbox_error`,
     /// and a run the audit store could not record says so in its `message`.
     /// Front doors that must tell these apart use [`Sandbox::run_checked`].
     pub fn run_request(&mut self, request: &RunRequest) -> RunRecord {
@@ -313,6 +315,8 @@ impl Sandbox {
     /// Runs a request, records it in the audit store if one is set (a run
     /// the sandbox failed to carry out is recorded too), and returns its
     /// record, or why it cannot simply be handed out (see [`RunError`]).
+    /// The audit store receives exactly the record returned, artefacts
+    /// included (their contents aside).
     pub fn run_checked(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
         let outcome = self.execute(request);
         let Some(audit) = &self.audit else { return outcome };

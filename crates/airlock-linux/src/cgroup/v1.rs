@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    CgroupLimits, CgroupStats, Placement, RunCgroup, kill_procs, open_for_helper, read_key, read_u64,
-    remove_dir_retrying, write,
+    CgroupLimits, CgroupStats, Placement, RunCgroup, kill_listed, kill_procs, list_procs, open_for_helper, read_key,
+    read_u64, remove_dir_retrying, write,
 };
 
 /// The CFS period airlock uses for CPU quotas, in microseconds.
@@ -86,18 +86,25 @@ impl RunCgroup for V1Cgroup {
         CgroupStats {
             peak_memory_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")),
             oom_kills: read_key(&self.memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
+            // memory+swap reaches its limit with memory (they are equal).
+            memory_max_hits: read_u64(&self.memory.join("memory.failcnt")).unwrap_or(0)
+                + read_u64(&self.memory.join("memory.memsw.failcnt")).unwrap_or(0),
             pids_max_hits: read_key(&self.pids.join("pids.events"), "max").unwrap_or(0),
             cpu_usage: self.cpu_usage(),
         }
     }
 
-    fn kill_all(&self) {
+    fn processes(&self) -> Vec<i32> {
         // Every process of the run is in each controller's cgroup; one list suffices.
-        kill_procs(&self.pids);
+        list_procs(&self.pids)
+    }
+
+    fn kill_all(&self) {
+        kill_listed(&self.pids);
     }
 
     fn remove(&mut self) -> io::Result<()> {
-        self.kill_all();
+        kill_procs(&self.pids);
         let mut first_error = Ok(());
         while let Some(dir) = self.made.pop() {
             if let Err(e) = remove_dir_retrying(&dir) {
