@@ -23,7 +23,7 @@ pub mod runtime;
 
 pub use backend::{Backend, Execution, Instance, Job, KillSwitch, Probe};
 pub use error::{ArtifactError, SandboxError};
-pub use runtime::{Runtime, RuntimeMount};
+pub use runtime::{PYTHON_MOUNT, Runtime, RuntimeFile, RuntimeMount};
 
 /// `text` with everything that could drive a terminal made visible: control
 /// characters other than newline and tab become `\u{..}` escapes, and so do

@@ -33,11 +33,21 @@ pub struct LinuxInstance {
     pub(crate) landlock_abi: Option<u32>,
     /// Bytes copied in since the last run (the cap is per run).
     pub(crate) written: u64,
+    /// How files are opened as the sandbox's user.
+    pub(crate) files: copy::FileAccess,
+    /// Facts of this sandbox for every record's isolation details (its host ids...).
+    pub(crate) details: std::collections::BTreeMap<String, String>,
+    /// The sandbox's host ids, held while it lives; last, so they are given
+    /// back only once the namespaces above are closed.
+    pub(crate) host_id: crate::hostid::HostId,
 }
 
 impl std::fmt::Debug for LinuxInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LinuxInstance").field("policy", &self.policy).finish_non_exhaustive()
+        f.debug_struct("LinuxInstance")
+            .field("policy", &self.policy)
+            .field("host_ids", &self.host_id.mapping)
+            .finish_non_exhaustive()
     }
 }
 
@@ -54,13 +64,13 @@ impl Instance for LinuxInstance {
                 limits.files_total_bytes
             )));
         }
-        copy::write(self.work.as_fd(), path, data)?;
+        copy::write(&self.files, self.work.as_fd(), path, data)?;
         self.written += data.len() as u64;
         Ok(())
     }
 
     fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError> {
-        copy::read(self.work.as_fd(), path, max_bytes)
+        copy::read(&self.files, self.work.as_fd(), path, max_bytes)
     }
 
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
@@ -233,6 +243,16 @@ impl LinuxInstance {
                 format!("stopped when its output passed the limit of {} bytes per stream", limits.output_bytes),
             ),
             Some(KillReason::Requested) => (Status::SandboxError, "stopped on request before it finished".to_owned()),
+            Some(KillReason::SocketMemory) => {
+                hit.insert(Limit::Memory);
+                (
+                    Status::MemoryLimit,
+                    format!(
+                        "stopped when its socket buffers reached the memory limit of {} MiB",
+                        limits.memory_bytes >> 20
+                    ),
+                )
+            }
             // Reported as the proxy's own error before the run gets here.
             Some(KillReason::ProxyFailed) => {
                 return Err(SandboxError::Setup {
@@ -269,7 +289,7 @@ impl LinuxInstance {
             layers.push(Layer::Cgroups);
         }
         layers.sort();
-        let mut details = std::collections::BTreeMap::new();
+        let mut details = self.details.clone();
         if let Some(v) = cgroup_version {
             details.insert("cgroup".to_owned(), v.to_owned());
         }

@@ -35,12 +35,29 @@ pub enum Request {
     /// [user ns, mount ns, stdin, stdout, stderr], then the cgroup's
     /// descriptors (see [`CgroupEntry`]).
     Run(Box<RunPlan>),
+    /// Open a file below the attached folder as the sandbox's user, for a
+    /// supervisor that cannot be that user itself (an ordinary user's
+    /// subordinate id). Attached: [user ns, folder]. Replies
+    /// [`Reply::Opened`] with the file.
+    Open(OpenPlan),
+}
+
+/// Which file to open for the supervisor, and how.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OpenPlan {
+    pub supervisor_pid: i32,
+    /// Relative to the attached folder, checked as a `SandboxPath` is.
+    pub path: String,
+    /// Create it (and its parents) for writing, rather than open it to read.
+    pub write: bool,
 }
 
 /// How to make a sandbox's persistent part.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SetupPlan {
     pub supervisor_pid: i32,
+    /// Who the sandbox's user is on the host.
+    pub ids: crate::hostid::IdMapping,
     /// Size and inode caps of the tmpfs holding /work, /tmp and the layout.
     pub tmpfs_bytes: u64,
     pub tmpfs_inodes: u64,
@@ -147,18 +164,18 @@ pub enum RlimitResource {
 /// What the helper and the sandbox's init report.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
-    SetupDone,
-    /// The sandbox's init exists; its pidfd comes attached.
-    Started {
-        pid1: i32,
+    SetupDone {
+        /// Host paths the sandbox's mount table still shows (see `mounts`).
+        host_paths_shown: Vec<String>,
     },
+    /// The file asked for with [`Request::Open`] comes attached.
+    Opened,
+    /// The sandbox's init exists; its pidfd comes attached.
+    Started { pid1: i32 },
     /// Everything is in place and the code is about to be executed.
     /// Attached, in order: the report FIFO if asked for, the proxy listener
     /// if asked for.
-    Ready {
-        layers: Vec<Layer>,
-        landlock_abi: Option<u32>,
-    },
+    Ready { layers: Vec<Layer>, landlock_abi: Option<u32> },
     /// The code's process ended.
     Exited {
         code: Option<i32>,
@@ -277,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_plan_survives_the_trip() {
-        let program = crate::seccomp::compile(&crate::seccomp::Policy::default_policy().unwrap()).unwrap();
+        let program = crate::seccomp::default_program();
         let plan = RunPlan {
             supervisor_pid: 1,
             cgroup: CgroupEntry::None,

@@ -5,6 +5,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,6 +49,8 @@ pub enum KillReason {
     /// The proxy for the allowed hosts could not start: the code must not
     /// run on, finding its network broken.
     ProxyFailed,
+    /// Its socket buffers reached the memory cap (cgroup v1).
+    SocketMemory,
 }
 
 /// What the supervisor saw of a run.
@@ -88,6 +91,9 @@ pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
 pub fn spawn_helper(helper: &Path) -> io::Result<(Child, OwnedFd)> {
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     let child = Command::new(helper)
+        // The sandbox's init is a fork of the helper: its /proc/1/cmdline
+        // shows this, never the helper's path on the host.
+        .arg0(crate::HELPER_NAME)
         .env_clear()
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
@@ -234,6 +240,9 @@ pub fn run(
                     kill(&mut observed, KillReason::CpuTime, &init_pidfd);
                 }
             }
+            if cgroup.is_some_and(|c| c.socket_memory_exhausted()) {
+                kill(&mut observed, KillReason::SocketMemory, &init_pidfd);
+            }
         }
         let wall_deadline = ready_at.map(|r| r + watch.wall_time).unwrap_or(spawned_at + SETUP_TIMEOUT);
         let wake = next_check.min(wall_deadline);
@@ -331,7 +340,7 @@ pub fn run(
                         observed.failure.get_or_insert(failure);
                         kill_now(&init_pidfd);
                     }
-                    Reply::SetupDone => {}
+                    Reply::SetupDone { .. } | Reply::Opened => {}
                 }
             }
         }
