@@ -262,11 +262,10 @@ fn with_subordinate_ids_each_sandbox_is_a_user_of_its_own() {
 
     // A run that takes every pipe page its host user may have, and holds them.
     let marker = airlock_tests::marker("subordinate-hog");
-    let soft: usize = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft").unwrap().trim().parse().unwrap();
     let hog = format!(
-        "import fcntl, os, subprocess\nprint(open('/proc/self/uid_map').read().split()[1])\npipes, pages = [], 0\n\
-         while pages <= {soft} + 256:\n    r, w = os.pipe()\n    try:\n        fcntl.fcntl(w, 1031, 1 << 20)\n    \
-         except OSError:\n        break\n    pipes.append((r, w))\n    pages += 256\n\
+        "import fcntl, os, subprocess\nprint(open('/proc/self/uid_map').read().split()[1])\npipes = []\n\
+         while True:\n    r, w = os.pipe()\n    pipes.append((r, w))\n    if fcntl.fcntl(w, 1032) < 65536:\n        \
+         break\n    try:\n        fcntl.fcntl(w, 1031, 1 << 20)\n    except OSError:\n        pass\n\
          subprocess.run(['{marker}', '60'], executable='/bin/sleep')"
     );
     let holder = as_nobody(home.path(), &[], &["--allow-degraded", "cgroups", "--timeout", "60", "-c", &hog])
