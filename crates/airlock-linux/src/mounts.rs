@@ -146,6 +146,10 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
         ("stdin", "/proc/self/fd/0"),
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
+        // POSIX shared memory and named semaphores (multiprocessing's locks,
+        // sem_open) are files in /dev/shm: the run's own /tmp, inside its
+        // disk caps, gone with the sandbox.
+        ("shm", "/tmp"),
     ] {
         entries.push(LayoutEntry::Symlink { path: format!("dev/{name}"), target: target.into() });
     }
