@@ -349,6 +349,14 @@ fn overlay(layer: &str) -> rustix::io::Result<OwnedFd> {
     let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
     fsconfig_set_string(&fs, "source", "airlock")?;
     fsconfig_set_string(&fs, "lowerdir", format!("{layer}:{EMPTY_LAYER}"))?;
+    // Read-only, one real layer: nothing to redirect, copy up or index. Not
+    // following redirect and metacopy attributes also means a tree carrying
+    // them cannot send lookups elsewhere; and without them each lookup reads
+    // fewer attributes (measured: a cold `import pandas` costs about 8 ms of
+    // kernel time more than through a bind, 12 ms with the defaults).
+    for (key, value) in [("redirect_dir", "nofollow"), ("metacopy", "off"), ("index", "off"), ("xino", "off")] {
+        fsconfig_set_string(&fs, key, value)?;
+    }
     fsconfig_create(&fs)?;
     let attributes =
         MountAttrFlags::MOUNT_ATTR_RDONLY | MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
