@@ -202,6 +202,18 @@ pub fn assert_nothing_left(marker: &str) {
     assert!(left.is_empty(), "left behind on the host: {left:#?}");
 }
 
+/// Python for the security suite's probes: `call(nr, *args)` makes a raw
+/// system call and returns "OK" or the errno's name.
+pub const PY_SYSCALL: &str = r#"
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return errno.errorcode.get(ctypes.get_errno(), "OK") if r == -1 else "OK"
+"#;
+
 /// A unique marker for a test's processes.
 pub fn marker(name: &str) -> String {
     format!("airlock-test-{name}-{}", std::process::id())

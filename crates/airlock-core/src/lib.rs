@@ -26,7 +26,7 @@ pub mod runtime;
 
 pub use backend::{Backend, Execution, Instance, Job, KillSwitch, Probe};
 pub use error::{ArtifactError, SandboxError};
-pub use runtime::{Runtime, RuntimeMount};
+pub use runtime::{PYTHON_MOUNT, Runtime, RuntimeFile, RuntimeMount};
 
 /// `text` with everything that could drive a terminal or hide in a page made
 /// visible: control characters other than newline and tab become `\u{..}`

@@ -25,6 +25,9 @@ pub enum Stop {
     Output,
     /// A kill switch: a server shutting down, a caller giving up.
     Requested,
+    /// Its socket buffers reached the memory cap (cgroup v1 counts them
+    /// apart from the rest of its memory).
+    SocketMemory,
 }
 
 /// How the code's process ended.
@@ -107,6 +110,16 @@ pub fn classify(seen: &Observations, limits: &Limits) -> Verdict {
             (
                 Status::OutputLimit,
                 format!("stopped when its output passed the limit of {} bytes per stream", limits.output_bytes),
+            )
+        }
+        (Some(Stop::SocketMemory), _) => {
+            hit.insert(Limit::Memory);
+            (
+                Status::MemoryLimit,
+                format!(
+                    "stopped when its socket buffers reached the memory limit of {} MiB",
+                    limits.memory_bytes >> 20
+                ),
             )
         }
         (Some(Stop::Requested), _) => (Status::InternalError, "stopped on request before it finished".to_owned()),
@@ -230,6 +243,7 @@ mod tests {
                 "",
             ),
             ("file size", signalled(SIGXFSZ), Status::Failed, vec![Disk], ""),
+            ("socket buffers", stopped(Stop::SocketMemory), Status::MemoryLimit, vec![Memory], "socket buffers"),
             ("stopped on request", stopped(Stop::Requested), Status::InternalError, vec![], "on request"),
             (
                 "airlock lost the code's end",

@@ -14,9 +14,10 @@ use airlock_policy::Layer;
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 
+use crate::hostid::IdMapping;
 use crate::protocol::{self, CgroupEntry, CodeSetup, Control, Failure, Reply, Request, RunPlan, SetupPlan};
 use crate::sys::{self, Forked};
-use crate::{caps, cgroup, landlock, limits, mounts, network, observe, probe, process, userns};
+use crate::{caps, cgroup, copy, landlock, limits, mounts, network, observe, probe, process, userns};
 
 /// The namespaces each run's init is made in, on top of the sandbox's user
 /// and mount namespaces (the mount namespace is copied, so mounts stay per
@@ -49,6 +50,7 @@ pub fn main() -> ! {
     let outcome = match protocol::recv_request(socket.as_fd()) {
         Ok((Request::Setup(plan), _)) => setup(&plan, socket.as_fd()),
         Ok((Request::Run(plan), fds)) => run(&plan, fds, socket.as_fd()),
+        Ok((Request::Open(plan), fds)) => copy::open_for_supervisor(&plan, fds, socket.as_fd()),
         Err(e) => Err(Failure::plain("read the request", e.to_string())),
     };
     match outcome {
@@ -71,21 +73,42 @@ fn take_socket() -> std::io::Result<OwnedFd> {
 }
 
 /// Makes a sandbox: its user and mount namespaces and the stage tmpfs with
-/// /work, /tmp and the root, finished but for /proc and the program. The namespaces outlive this process
-/// through the descriptors it hands back.
+/// /work, /tmp and the root, finished but for /proc and the program. The
+/// namespaces outlive this process through the descriptors it hands back.
 fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
     process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
-    userns::enter_new()?;
-    // Cloned with the caller's access to the host's files: the Python
-    // installation may lie below a folder only the caller may enter.
-    let trees = mounts::clone_binds(&plan.binds)?;
-    userns::become_sandbox_user()?;
+    let (bytes, inodes) = (plan.tmpfs_bytes, plan.tmpfs_inodes);
+    let shown = match plan.ids {
+        // Root builds the root in a mount namespace of its own, with its
+        // access to the host's files, every file of it the sandbox user's;
+        // then becomes that user for good, who makes the user namespace (one
+        // it owns: the kernel charges its per-user budgets to this id alone)
+        // with a copy of the finished root in it.
+        IdMapping::Reserved { uid, gid } => {
+            mounts::enter_private_namespace()?;
+            let trees = mounts::hide_host_paths(mounts::clone_binds(&plan.binds)?)?;
+            mounts::build_root(bytes, inodes, &plan.layout, trees.trees, Some((uid, gid)))?;
+            userns::become_host_ids(uid, gid)?;
+            userns::enter_new(&plan.ids)?;
+            userns::become_sandbox_user()?;
+            trees.host_paths_shown
+        }
+        // An ordinary user makes the namespace first (it needs no privilege
+        // then), clones the trees with its own access to the host's files
+        // (the Python installation may lie below a folder only it may
+        // enter), and builds the root as the sandbox's user.
+        IdMapping::Caller | IdMapping::Subordinate { .. } => {
+            userns::enter_new(&plan.ids)?;
+            let clones = mounts::clone_binds(&plan.binds)?;
+            userns::become_sandbox_user()?;
+            let trees = mounts::hide_host_paths(clones)?;
+            mounts::build_root(bytes, inodes, &plan.layout, trees.trees, None)?;
+            trees.host_paths_shown
+        }
+    };
     // Again: the change of user cleared it.
     process::die_with_parent(Some(plan.supervisor_pid))?;
-    mounts::mount_stage(plan.tmpfs_bytes, plan.tmpfs_inodes)?;
-    mounts::create_layout(&plan.layout)?;
-    mounts::attach_root(trees)?;
     let fds = [
         userns::open_own("user")?,
         userns::open_own("mnt")?,
@@ -94,7 +117,8 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
         mounts::open_stage_dir("tmp")?,
     ];
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-    protocol::send(socket, &Reply::SetupDone, &borrowed).map_err(|e| Failure::new("hand over the sandbox", "", &e))
+    protocol::send(socket, &Reply::SetupDone { host_paths_shown: shown }, &borrowed)
+        .map_err(|e| Failure::new("hand over the sandbox", "", &e))
 }
 
 /// The descriptors a run's request brings: the sandbox's namespaces, the

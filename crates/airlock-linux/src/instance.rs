@@ -32,11 +32,21 @@ pub struct LinuxInstance {
     pub(crate) landlock_abi: Option<u32>,
     /// Bytes copied in since the last run (the cap is per run).
     pub(crate) written: u64,
+    /// How files are opened as the sandbox's user.
+    pub(crate) files: copy::FileAccess,
+    /// Facts of this sandbox for every record's isolation details (its host ids...).
+    pub(crate) details: std::collections::BTreeMap<String, String>,
+    /// The sandbox's host ids, held while it lives; last, so they are given
+    /// back only once the namespaces above are closed.
+    pub(crate) host_id: crate::hostid::HostId,
 }
 
 impl std::fmt::Debug for LinuxInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LinuxInstance").field("policy", &self.policy).finish_non_exhaustive()
+        f.debug_struct("LinuxInstance")
+            .field("policy", &self.policy)
+            .field("host_ids", &self.host_id.mapping)
+            .finish_non_exhaustive()
     }
 }
 
@@ -53,13 +63,13 @@ impl Instance for LinuxInstance {
                 limits.files_total_bytes
             )));
         }
-        copy::write(self.work.as_fd(), path, data)?;
+        copy::write(&self.files, self.work.as_fd(), path, data)?;
         self.written += data.len() as u64;
         Ok(())
     }
 
     fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError> {
-        copy::read(self.work.as_fd(), path, max_bytes)
+        copy::read(&self.files, self.work.as_fd(), path, max_bytes)
     }
 
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
@@ -238,6 +248,7 @@ impl LinuxInstance {
             Some(KillReason::CpuTime) => Some(Stop::CpuTime),
             Some(KillReason::Output) => Some(Stop::Output),
             Some(KillReason::Requested) => Some(Stop::Requested),
+            Some(KillReason::SocketMemory) => Some(Stop::SocketMemory),
             Some(KillReason::SetupTimeout | KillReason::ProxyFailed) => {
                 seen.failures.push("the run was stopped while its sandbox was still being set up".to_owned());
                 None
@@ -281,7 +292,7 @@ impl LinuxInstance {
             layers.push(Layer::Cgroups);
         }
         layers.sort();
-        let mut details = std::collections::BTreeMap::new();
+        let mut details = self.details.clone();
         if let Some(v) = cgroup_version {
             details.insert("cgroup".to_owned(), v.to_owned());
         }

@@ -24,12 +24,12 @@ pub const NAMESPACE_LAYERS: [Layer; 8] = [
 
 /// Reads the host's facts and layers. `cgroups` is the outcome of
 /// [`Hierarchy::detect`], done once per process by the caller.
-pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
+pub fn probe(cgroups: &Result<Hierarchy, String>, ids: &Result<crate::hostid::Allocator, String>) -> Probe {
     let mut available = BTreeSet::new();
     let mut missing = BTreeMap::new();
     let mut details = BTreeMap::new();
 
-    match user_namespaces() {
+    match user_namespaces(ids) {
         Ok(()) => {
             available.extend(NAMESPACE_LAYERS);
         }
@@ -68,7 +68,7 @@ pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
     Probe { backend: BackendKind::Linux, host: airlock_core::host::facts(), available, missing, details }
 }
 
-fn user_namespaces() -> Result<(), String> {
+fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>) -> Result<(), String> {
     let read = |path: &str| fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i64>().ok());
     if read("/proc/sys/user/max_user_namespaces") == Some(0) {
         return Err("user namespaces are disabled (sysctl user.max_user_namespaces=0); set it above 0".to_owned());
@@ -79,5 +79,5 @@ fn user_namespaces() -> Result<(), String> {
                 .to_owned(),
         );
     }
-    crate::userns::check_mapping()
+    crate::userns::check_mapping(ids)
 }

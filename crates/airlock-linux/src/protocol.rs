@@ -38,12 +38,29 @@ pub enum Request {
     /// [user ns, mount ns, stdin, stdout, stderr], then the cgroup's
     /// descriptors (see [`CgroupEntry`]).
     Run(Box<RunPlan>),
+    /// Open a file below the attached folder as the sandbox's user, for a
+    /// supervisor that cannot be that user itself (an ordinary user's
+    /// subordinate id). Attached: [user ns, folder]. Replies
+    /// [`Reply::Opened`] with the file.
+    Open(OpenPlan),
+}
+
+/// Which file to open for the supervisor, and how.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OpenPlan {
+    pub supervisor_pid: i32,
+    /// Relative to the attached folder, checked as a `SandboxPath` is.
+    pub path: String,
+    /// Create it (and its parents) for writing, rather than open it to read.
+    pub write: bool,
 }
 
 /// How to make a sandbox's persistent part.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SetupPlan {
     pub supervisor_pid: i32,
+    /// Who the sandbox's user is on the host.
+    pub ids: crate::hostid::IdMapping,
     /// Size and inode caps of the tmpfs holding /work, /tmp and the layout.
     pub tmpfs_bytes: u64,
     pub tmpfs_inodes: u64,
@@ -154,12 +171,15 @@ pub enum RlimitResource {
 /// What the helper reports, in this order for a run.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
-    SetupDone,
+    SetupDone {
+        /// Host paths the sandbox's mount table still shows (see `mounts`).
+        host_paths_shown: Vec<String>,
+    },
+    /// The file asked for with [`Request::Open`] comes attached.
+    Opened,
     /// The run's init exists; its pidfd comes attached. Killing it ends the
     /// run: every process of the run's PID namespace dies with it.
-    Started {
-        pid1: i32,
-    },
+    Started { pid1: i32 },
     /// The init made the run's root and the sandbox is ready for the code,
     /// which waits for [`Control::Release`]. Attached, in order: the report
     /// FIFO if asked for, the proxy listener if asked for. (Between the init
@@ -168,17 +188,10 @@ pub enum Reply {
     Ready,
     /// The code's process was released and has executed the program. It is
     /// the helper's child, outside the init's reach.
-    CodeStarted {
-        code_pid: i32,
-        layers: Vec<Layer>,
-        landlock_abi: Option<u32>,
-    },
+    CodeStarted { code_pid: i32, layers: Vec<Layer>, landlock_abi: Option<u32> },
     /// The code's process ended, and with it the run: how it ended, as its
     /// parent saw it, and how the init ended if it died first.
-    Ended {
-        code: ProcessEnd,
-        init_first: Option<ProcessEnd>,
-    },
+    Ended { code: ProcessEnd, init_first: Option<ProcessEnd> },
     /// A step failed; nothing after it ran.
     Failed(Failure),
 }
@@ -324,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_plan_survives_the_trip() {
-        let program = crate::seccomp::compile(&crate::seccomp::Policy::default_policy().unwrap()).unwrap();
+        let program = crate::seccomp::default_program();
         let plan = RunPlan {
             supervisor_pid: 1,
             cgroup: CgroupEntry::None,

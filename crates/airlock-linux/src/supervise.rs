@@ -14,6 +14,7 @@
 use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -65,6 +66,8 @@ pub enum KillReason {
     /// The proxy for the allowed hosts could not start: the code is never
     /// released without it.
     ProxyFailed,
+    /// Its socket buffers reached the memory cap (cgroup v1).
+    SocketMemory,
 }
 
 /// What the supervisor saw of a run.
@@ -113,6 +116,9 @@ pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
 pub fn spawn_helper(helper: &Path) -> io::Result<(Child, OwnedFd)> {
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     let child = Command::new(helper)
+        // The sandbox's init is a fork of the helper: its /proc/1/cmdline
+        // shows this, never the helper's path on the host.
+        .arg0(crate::HELPER_NAME)
         .env_clear()
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
@@ -374,6 +380,9 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
             if running && self.cgroup.and_then(|c| c.cpu_usage()).is_some_and(|used| used >= self.watch.cpu_time) {
                 self.kill(KillReason::CpuTime);
             }
+            if running && self.cgroup.is_some_and(|c| c.socket_memory_exhausted()) {
+                self.kill(KillReason::SocketMemory);
+            }
         }
         let (cgroup, roots) = (self.cgroup, &self.roots);
         self.sampler.sample_if_due(now, || match cgroup {
@@ -463,7 +472,7 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
                     self.kill_now();
                 }
             }
-            Reply::SetupDone => self.fail("the helper sent an unexpected reply".to_owned()),
+            Reply::SetupDone { .. } | Reply::Opened => self.fail("the helper sent an unexpected reply".to_owned()),
         }
     }
 

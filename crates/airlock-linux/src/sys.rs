@@ -104,6 +104,15 @@ pub fn set_thread_fs_ids(uid: u32, gid: u32) -> io::Result<(u32, u32)> {
     Ok((previous_uid, previous_gid))
 }
 
+/// `fcntl(fd, F_OFD_SETLK, lock)`: takes (or fails at once to take) a lock
+/// that belongs to this open file description, not to the process.
+pub fn set_ofd_lock(fd: BorrowedFd<'_>, lock: &libc::flock) -> io::Result<()> {
+    // SAFETY: `lock` is a valid `struct flock` borrowed for the call, which
+    // only reads it for F_OFD_SETLK; `fd` is open for as long as it is borrowed.
+    let ret = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, std::ptr::from_ref(lock)) };
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
 /// Installs a seccomp filter on this thread (the process is single-threaded).
 pub fn install_seccomp(program: &[Instruction]) -> io::Result<()> {
     #[repr(C)]

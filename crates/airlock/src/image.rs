@@ -13,13 +13,13 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use airlock_core::Runtime;
 use airlock_core::paths::open_to_others;
-use airlock_core::{Runtime, RuntimeMount};
 use airlock_policy::ImageRef;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::interpreter::{Interpreter, runtime_env};
+use crate::interpreter::Interpreter;
 
 /// The image `airlock run` uses unless told otherwise.
 pub const DEFAULT_IMAGE: &str = "python-data";
@@ -240,16 +240,14 @@ impl ImageStore {
 }
 
 impl Image {
-    /// The runtime that runs code in this image.
+    /// The runtime that runs code in this image: its venv at [`IMAGE_MOUNT`],
+    /// its interpreter at a fixed path too, nothing at a host path.
     pub fn runtime(&self) -> Runtime {
         let python = &self.manifest.python;
-        let mut mounts = vec![RuntimeMount { host: self.dir.join("venv"), sandbox: IMAGE_MOUNT.into() }];
-        if !python.base_prefix.starts_with("/usr") {
-            mounts.push(RuntimeMount::same_path(python.base_prefix.clone()));
-        }
+        let mut runtime = python.venv_runtime(&self.dir.join("venv"), Path::new(IMAGE_MOUNT));
         // matplotlib's font list, built with the image, so a first plot does
         // not spend a second rebuilding it.
-        let tmp_seed = fs::read_dir(self.dir.join("mplconfig"))
+        runtime.tmp_seed = fs::read_dir(self.dir.join("mplconfig"))
             .map(|entries| {
                 entries
                     .flatten()
@@ -262,14 +260,9 @@ impl Image {
             })
             .unwrap_or_default();
         let top: Vec<String> = self.manifest.packages.iter().map(|p| format!("{} {}", p.name, p.version)).collect();
-        Runtime {
-            python: PathBuf::from(IMAGE_MOUNT).join("bin/python"),
-            mounts,
-            env: runtime_env(&Path::new(IMAGE_MOUNT).join("bin")),
-            image: Some(ImageRef { name: self.name.clone(), hash: self.manifest.hash.clone() }),
-            tmp_seed,
-            describe: format!("Python {} with {}", python.version, top.join(", ")),
-        }
+        runtime.image = Some(ImageRef { name: self.name.clone(), hash: self.manifest.hash.clone() });
+        runtime.describe = format!("Python {} with {}", python.version, top.join(", "));
+        runtime
     }
 }
 

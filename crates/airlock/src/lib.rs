@@ -38,7 +38,7 @@ pub mod report;
 mod sandbox;
 
 pub use airlock_audit as audit;
-pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeMount, SandboxError};
+pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeFile, RuntimeMount, SandboxError};
 pub use airlock_policy::*;
 pub use artifacts::save_to_host;
 pub use sandbox::{

@@ -55,6 +55,12 @@ pub trait RunCgroup: Send {
     fn placement(&self) -> io::Result<Placement>;
     /// CPU time used so far by every process of the run.
     fn cpu_usage(&self) -> Option<Duration>;
+    /// Whether the run's socket buffers reached the memory cap where the
+    /// hierarchy counts them apart from the rest (cgroup v1); where it
+    /// counts them with the rest (v2), the OOM killer answers instead.
+    fn socket_memory_exhausted(&self) -> bool {
+        false
+    }
     fn stats(&self) -> CgroupStats;
     /// The processes in the cgroup now (pids in this process's namespace).
     fn processes(&self) -> Vec<i32>;
