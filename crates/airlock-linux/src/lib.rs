@@ -144,6 +144,7 @@ impl Backend for LinuxBackend {
         if rustix::process::geteuid().is_root() {
             mounts::check_readable_by_others(&binds)
                 .map_err(|detail| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail })?;
+            hand_writable_to_sandbox(&binds)?;
         }
         let plan = SetupPlan {
             supervisor_pid: std::process::id() as i32,
@@ -174,6 +175,34 @@ impl Backend for LinuxBackend {
             written: 0,
         }))
     }
+}
+
+/// As root, the sandbox's user is not the caller: each writable directory
+/// (an image build's new environment) is handed to it, alone, for the
+/// sandbox's life. Only the directory itself changes owner; the caller takes
+/// it back, and checks what the sandbox left in it, once the sandbox is gone.
+fn hand_writable_to_sandbox(binds: &[protocol::Bind]) -> Result<(), SandboxError> {
+    let id = Some(rustix::process::Uid::from_raw(userns::HOST_ID_FOR_ROOT));
+    let gid = Some(rustix::process::Gid::from_raw(userns::HOST_ID_FOR_ROOT));
+    for bind in binds.iter().filter(|b| b.writable) {
+        let fail = |e: rustix::io::Errno| SandboxError::Setup {
+            step: "lay out the sandbox".to_owned(),
+            detail: format!("handing {} to the sandbox's user: {e}", bind.source),
+        };
+        // Opened without following a link, so the one directory named is the one changed.
+        let dir = rustix::fs::open(
+            &bind.source,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(fail)?;
+        rustix::fs::fchown(&dir, id, gid).map_err(fail)?;
+        rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(fail)?;
+    }
+    Ok(())
 }
 
 /// Runs the helper's setup and returns the sandbox's descriptors:
