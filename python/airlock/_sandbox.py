@@ -61,6 +61,10 @@ class Sandbox:
     :param allow_degraded: isolation layers to run without where this host
         lacks them (``"cgroups"``, ``"landlock"``); without this, a missing
         layer is a ``SandboxUnavailable`` error.
+    :param with_packages: extra packages for this sandbox, from the image's
+        vetted set (``["statsmodels"]``); installed once into a derived image
+        and cached, without opening the network to the code. A package outside
+        the set is a ``PolicyError`` that lists those allowed.
     :param image: the runtime image: ``"python-data"`` (numpy, pandas,
         matplotlib, scipy; built on first use, which takes about a minute and
         needs the package index) or one built with ``airlock image build``.
@@ -89,6 +93,7 @@ class Sandbox:
         max_network_bytes_in: Optional[int] = None,
         max_connections: Optional[int] = None,
         allow_degraded: Optional[Iterable[str]] = None,
+        with_packages: Optional[Iterable[str]] = None,
         image: str = "python-data",
     ) -> None:
         settings: dict[str, Any] = {
@@ -110,6 +115,7 @@ class Sandbox:
             "max_network_bytes_in": max_network_bytes_in,
             "max_connections": max_connections,
             "allow_degraded": _strings("allow_degraded", allow_degraded),
+            "with_packages": _strings("with_packages", with_packages),
         }
         if not isinstance(image, str):
             raise PolicyError(f"image must be the name of an image, such as 'python-data' (got {image!r})")

@@ -61,7 +61,7 @@ pub fn data_image() -> Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
-            let store = ImageStore::at(test_home().join("images"));
+            let store = ImageStore::at(test_home().join("images")).with_backend(linux());
             let image = store
                 .get_or_build_default("python-data", &mut |e| eprintln!("building python-data: {e:?}"))
                 .expect("build the python-data image");

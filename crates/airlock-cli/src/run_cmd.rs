@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// Run this host interpreter as it is, instead of an image.
     #[arg(long, value_name = "INTERPRETER")]
     python: Option<String>,
+    /// Add this package to the image, from its vetted set (`airlock image show NAME`
+    /// lists it): built once into a derived image, cached. Repeatable.
+    #[arg(long = "with", value_name = "PKG")]
+    with_packages: Vec<String>,
     /// Allow the code to reach this host through airlock's proxy: HOST[:PORT],
     /// `*.DOMAIN[:PORT]` for subdomains, or an IP literal; without a port, 443 and 80. Repeatable.
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
@@ -149,6 +153,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         python: args.python.clone(),
         on_build: Some(&mut progress),
         audit,
+        images: None,
+        backend: None,
     })?;
     for (host, sandbox_path) in &inputs {
         let data = std::fs::read(host).with_context(|| format!("--file {}", host.display()))?;
@@ -265,6 +271,7 @@ fn policy_from_args(args: &RunArgs) -> anyhow::Result<Policy> {
         max_network_bytes_in: args.max_network_bytes_in,
         max_network_bytes_out: args.max_network_bytes_out,
         max_connections: args.max_connections,
+        with_packages: (!args.with_packages.is_empty()).then(|| args.with_packages.clone()),
         ..PolicySpec::default()
     };
     Ok(Policy::from_spec(&spec, &airlock::host_facts()?)?)

@@ -21,6 +21,31 @@ pub const PYTHON_MOUNT: &str = "/opt/airlock/python";
 pub struct RuntimeMount {
     pub host: PathBuf,
     pub sandbox: PathBuf,
+    /// Whether the code may write below it. Only an image build asks for
+    /// this, for the one directory it fills: the new environment, or the
+    /// folder downloads land in. The backend hands such a directory to the
+    /// sandbox's host user for the sandbox's life (as root: chown to it), and
+    /// whoever asked takes it back and checks what is in it afterwards.
+    pub writable: bool,
+}
+
+impl RuntimeMount {
+    /// A read-only folder at `sandbox`.
+    pub fn read_only(host: impl Into<PathBuf>, sandbox: impl Into<PathBuf>) -> RuntimeMount {
+        RuntimeMount { host: host.into(), sandbox: sandbox.into(), writable: false }
+    }
+
+    /// A read-only folder that appears at the same path inside as outside (an
+    /// interpreter whose library path is compiled in).
+    pub fn same_path(path: impl Into<PathBuf>) -> RuntimeMount {
+        let path = path.into();
+        RuntimeMount::read_only(path.clone(), path)
+    }
+
+    /// A host directory the code may write, at `sandbox`. See [`RuntimeMount::writable`].
+    pub fn writable(host: impl Into<PathBuf>, sandbox: impl Into<PathBuf>) -> RuntimeMount {
+        RuntimeMount { host: host.into(), sandbox: sandbox.into(), writable: true }
+    }
 }
 
 /// A small file or link a runtime needs in the sandbox, written by airlock
@@ -38,7 +63,8 @@ pub struct Runtime {
     /// The interpreter to execute, as a path inside the sandbox.
     pub python: PathBuf,
     /// Host folders the interpreter needs (its installation, an image's
-    /// packages), mounted read-only. The host's /usr is always there.
+    /// packages), mounted read-only unless marked writable. The host's /usr
+    /// is always there.
     pub mounts: Vec<RuntimeMount>,
     /// Files and links made in the sandbox's root for the runtime.
     pub files: Vec<RuntimeFile>,

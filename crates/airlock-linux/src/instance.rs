@@ -109,7 +109,11 @@ impl Instance for LinuxInstance {
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
             rlimits: limits::for_policy(&self.policy, self.cgroups.is_none()),
             landlock: (self.landlock_abi.is_some() || landlock_required).then(|| LandlockPlan {
-                writable_dirs: vec!["/work".to_owned(), "/tmp".to_owned()],
+                writable_dirs: ["/work", "/tmp"]
+                    .into_iter()
+                    .map(String::from)
+                    .chain(self.runtime.mounts.iter().filter(|m| m.writable).map(|m| m.sandbox.display().to_string()))
+                    .collect(),
                 writable_files,
                 required: landlock_required,
             }),
@@ -329,6 +333,7 @@ impl LinuxInstance {
                 wall_ms: observed.wall.as_millis() as u64,
                 cpu_ms: seen.cpu_used.map(|d| d.as_millis() as u64),
                 peak_memory_bytes: stats.peak_memory_bytes,
+                ..Usage::default()
             },
             isolation: Isolation { backend: "linux".to_owned(), layers, degraded: self.degraded.clone(), details },
             report,

@@ -160,6 +160,7 @@ impl Backend for LinuxBackend {
             // The sandbox's user is not the caller: the trees must be open to others.
             mounts::check_readable_by_others(&binds)
                 .map_err(|detail| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail })?;
+            hand_writable_to_sandbox(&binds, &host_id.mapping)?;
         }
         let plan = SetupPlan {
             supervisor_pid: std::process::id() as i32,
@@ -213,6 +214,54 @@ impl Backend for LinuxBackend {
             host_id,
         }))
     }
+}
+
+/// When the sandbox's user is not the caller, each writable directory (an
+/// image build's new environment) is handed to its host id, alone, for the
+/// sandbox's life. Only the directory itself changes owner; the caller takes
+/// it back, and checks what the sandbox left in it, once the sandbox is gone.
+fn hand_writable_to_sandbox(binds: &[protocol::Bind], ids: &hostid::IdMapping) -> Result<(), SandboxError> {
+    let (uid, gid) = match ids {
+        hostid::IdMapping::Caller => return Ok(()),
+        hostid::IdMapping::Reserved { uid, gid } => (*uid, *gid),
+        // Handing a directory to a subordinate id needs the user namespace
+        // that maps it; until the helper does that, refuse rather than open
+        // the directory to every host user for the build.
+        hostid::IdMapping::Subordinate { .. } => match binds.iter().find(|b| b.writable) {
+            Some(bind) => {
+                return Err(SandboxError::Setup {
+                    step: "lay out the sandbox".to_owned(),
+                    detail: format!(
+                        "{} must be writable by the sandbox's user, a subordinate id of yours, which airlock cannot \
+                         hand it to yet: build images as root, or as a user without entries in /etc/subuid",
+                        bind.source
+                    ),
+                });
+            }
+            None => return Ok(()),
+        },
+    };
+    let id = Some(rustix::process::Uid::from_raw(uid));
+    let gid = Some(rustix::process::Gid::from_raw(gid));
+    for bind in binds.iter().filter(|b| b.writable) {
+        let fail = |e: rustix::io::Errno| SandboxError::Setup {
+            step: "lay out the sandbox".to_owned(),
+            detail: format!("handing {} to the sandbox's user: {e}", bind.source),
+        };
+        // Opened without following a link, so the one directory named is the one changed.
+        let dir = rustix::fs::open(
+            &bind.source,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(fail)?;
+        rustix::fs::fchown(&dir, id, gid).map_err(fail)?;
+        rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(fail)?;
+    }
+    Ok(())
 }
 
 /// Runs the helper's setup and returns the sandbox's descriptors (user ns,

@@ -8,7 +8,8 @@
 //!
 //! At setup the root is finished once: the host's /usr and the Python
 //! installation bound read-only onto their mountpoints, five devices bound,
-//! /work and /tmp made mounts of their own, the rest made read-only. Each run
+//! /work and /tmp made mounts of their own, the rest made read-only (an image
+//! build's one writable directory excepted: see `RuntimeMount::writable`). Each run
 //! then, in a fresh copy of that mount namespace, mounts a fresh /proc with
 //! sensitive entries masked and a small tmpfs at /.airlock with the program,
 //! and pivots into the root. nosuid and nodev are set on every mount but the
@@ -105,6 +106,8 @@ pub enum LayoutError {
     Reserved(String, String),
     #[error("{0} must be an absolute path")]
     NotAbsolute(String),
+    #[error("{0} is not a directory: only a directory can be mounted writable")]
+    WritableFile(String),
     #[error("{path}: {source}")]
     Io { path: String, source: io::Error },
 }
@@ -120,7 +123,7 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
         LayoutEntry::Dir { path: "etc".into(), mode: 0o755 },
         LayoutEntry::Dir { path: "usr".into(), mode: 0o755 },
     ];
-    let mut binds = vec![Bind { source: "/usr".into(), target: "/usr".into() }];
+    let mut binds = vec![Bind { source: "/usr".into(), target: "/usr".into(), writable: false }];
     // The top-level library and binary folders: symbolic links into /usr on
     // merged-/usr systems (copied as links), real folders elsewhere (bound).
     for name in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
@@ -133,7 +136,7 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
             }
             Ok(meta) if meta.is_dir() => {
                 entries.push(LayoutEntry::Dir { path: name.into(), mode: 0o755 });
-                binds.push(Bind { source: host.display().to_string(), target: format!("/{name}") });
+                binds.push(Bind { source: host.display().to_string(), target: format!("/{name}"), writable: false });
             }
             _ => {}
         }
@@ -163,7 +166,7 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
             }
         }
         let target_text = target.display().to_string();
-        if source == target && target.starts_with("/usr") {
+        if source == target && target.starts_with("/usr") && !mount.writable {
             continue; // already there with /usr
         }
         if target == Path::new("/") || RESERVED.iter().any(|r| target.starts_with(r)) {
@@ -178,7 +181,10 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
         } else {
             LayoutEntry::MountFile { path: relative }
         });
-        binds.push(Bind { source: source.display().to_string(), target: target_text });
+        if mount.writable && !is_dir {
+            return Err(LayoutError::WritableFile(source.display().to_string()));
+        }
+        binds.push(Bind { source: source.display().to_string(), target: target_text, writable: mount.writable });
     }
     for file in &runtime.files {
         let (RuntimeFile::Text { sandbox, .. } | RuntimeFile::Link { sandbox, .. }) = file;
@@ -225,7 +231,8 @@ fn mount_fs(fstype: &str, target: &Path, flags: MountFlags, options: &str) -> ru
 /// (what a strict umask or a private home folder gets wrong is the whole
 /// tree, and the top shows it).
 pub fn check_readable_by_others(binds: &[Bind]) -> Result<(), String> {
-    for bind in binds {
+    // A writable directory belongs to the sandbox's user for the sandbox's life.
+    for bind in binds.iter().filter(|b| !b.writable) {
         // A source that is not there fails at the bind itself, saying so.
         let Ok(meta) = fs::metadata(&bind.source) else { continue };
         if !airlock_core::paths::open_to_others(Path::new(&bind.source)) {
@@ -273,7 +280,9 @@ pub fn clone_binds(binds: &[Bind]) -> Result<Clones, Failure> {
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     let mut clones = Vec::new();
     for b in binds {
-        clones.push((b.clone(), clone_tree(Path::new(&b.source), READ_ONLY, true)?));
+        // A writable directory is one host directory, not a tree: no mounts below it come along.
+        let (attributes, recursive) = if b.writable { (WRITABLE, false) } else { (READ_ONLY, true) };
+        clones.push((b.clone(), clone_tree(Path::new(&b.source), attributes, recursive)?));
     }
     let mut devices = Vec::new();
     for name in DEVICES {
@@ -315,7 +324,9 @@ pub fn hide_host_paths(clones: Clones) -> Result<Trees, Failure> {
         let layer = bind.target.trim_start_matches('/').to_owned();
         let is_dir =
             rustix::fs::fstat(&clone).is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
-        if clones.submounted.contains(&bind.source) || !is_dir || layer.contains([':', ',']) {
+        // A writable directory (an image build's) is written through, so it
+        // cannot be a read-only overlay: its host path shows, and says so.
+        if bind.writable || clones.submounted.contains(&bind.source) || !is_dir || layer.contains([':', ',']) {
             shown.push(bind.source.clone());
             trees.push((clone, target));
             continue;
@@ -533,6 +544,9 @@ fn bind(source: &Path, target: &Path, attributes: u64, recursive: bool) -> Resul
 }
 
 const READ_ONLY: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+/// A directory an image build fills: writable, but nothing in it is a device
+/// or gains privileges while the sandbox lives.
+const WRITABLE: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
 /// Child side, for each run: a fresh /proc for the run's PID namespace with
 /// the host's kernel internals masked, and the program at /.airlock. Returns
@@ -635,7 +649,7 @@ mod tests {
     #[test]
     fn a_tree_closed_to_others_is_refused_with_the_fix() {
         let root = tempfile::tempdir().unwrap();
-        let bind = |path: &Path| Bind { source: path.display().to_string(), target: "/x".to_owned() };
+        let bind = |path: &Path| Bind { source: path.display().to_string(), target: "/x".to_owned(), writable: false };
         fs::set_permissions(root.path(), fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(check_readable_by_others(&[bind(root.path())]), Ok(()));
         fs::set_permissions(root.path(), fs::Permissions::from_mode(0o700)).unwrap();

@@ -66,7 +66,7 @@ pub struct SetupPlan {
     pub tmpfs_inodes: u64,
     /// Entries to create in the sandbox's root, in order.
     pub layout: Vec<LayoutEntry>,
-    /// Host trees bound read-only into the root.
+    /// Host trees bound into the root, read-only unless marked writable.
     pub binds: Vec<Bind>,
 }
 
@@ -83,11 +83,14 @@ pub enum LayoutEntry {
     File { path: String, content: String },
 }
 
-/// A read-only bind mount of a host path into the sandbox.
+/// A bind mount of a host path into the sandbox: read-only, or writable for
+/// the one directory an image build fills.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bind {
     pub source: String,
     pub target: String,
+    #[serde(default)]
+    pub writable: bool,
 }
 
 /// How Landlock should restrict the code.

@@ -223,6 +223,9 @@ pub struct Policy {
     /// Isolation layers the caller accepts to run without, where the host
     /// cannot provide them. Empty by default: a missing layer is an error.
     pub allow_degraded: BTreeSet<Layer>,
+    /// Extra packages from the image's vetted set, as named (see
+    /// [`PolicySpec::with_packages`]). Empty by default.
+    pub with_packages: BTreeSet<String>,
 }
 
 impl Default for Policy {
@@ -238,6 +241,7 @@ impl Default for Policy {
             },
             backend: BackendKind::Linux,
             allow_degraded: BTreeSet::new(),
+            with_packages: BTreeSet::new(),
         }
     }
 }
@@ -409,6 +413,9 @@ impl Policy {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        if let Some(packages) = &spec.with_packages {
+            policy.with_packages = packages.iter().map(|p| p.trim().to_owned()).collect();
+        }
         policy.check(host)?;
         Ok(policy)
     }
@@ -449,6 +456,21 @@ impl Policy {
         }
         if let Some(layer) = self.allow_degraded.iter().find(|l| !Layer::DEGRADABLE.contains(l)) {
             return Err(PolicyError::LayerNotDegradable { layer: *layer });
+        }
+        if self.with_packages.len() > MAX_WITH_PACKAGES {
+            return Err(PolicyError::Invalid {
+                field: "with_packages",
+                message: format!("{} packages asked for; at most {MAX_WITH_PACKAGES}", self.with_packages.len()),
+            });
+        }
+        if let Some(bad) = self.with_packages.iter().find(|p| !is_package_name(p)) {
+            return Err(PolicyError::Invalid {
+                field: "with_packages",
+                message: format!(
+                    "{bad:?} is not a package name: letters, digits, '.', '-' and '_', starting and ending with a \
+                     letter or digit (no version: the vetted set pins it)"
+                ),
+            });
         }
         for (key, value) in &self.env {
             if !is_env_key(key) {
@@ -496,6 +518,7 @@ impl Policy {
             max_connections: Some(self.network.max_connections),
             backend: Some(self.backend.to_string()),
             allow_degraded: Some(self.allow_degraded.iter().map(|l| l.name().to_owned()).collect()),
+            with_packages: Some(self.with_packages.iter().cloned().collect()),
         }
     }
 }
@@ -526,6 +549,18 @@ fn at_most(field: &'static str, value: u64, max: u64) -> Result<(), PolicyError>
         return Err(PolicyError::AboveHost { field, value, max });
     }
     Ok(())
+}
+
+/// The most extra packages one run may ask for.
+pub const MAX_WITH_PACKAGES: usize = 32;
+
+/// A distribution name as PEP 508 allows it.
+fn is_package_name(name: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    name.len() <= 100
+        && alnum(name.chars().next())
+        && alnum(name.chars().last())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
 }
 
 fn is_env_key(key: &str) -> bool {
@@ -576,6 +611,8 @@ mod tests {
             (PolicySpec { allow_degraded: Some(vec!["seccomp".into()]), ..Default::default() }, "seccomp"),
             (PolicySpec { allow_degraded: Some(vec!["bogus".into()]), ..Default::default() }, "bogus"),
             (PolicySpec { backend: Some("vm".into()), ..Default::default() }, "vm"),
+            (PolicySpec { with_packages: Some(vec!["numpy==2.0".into()]), ..Default::default() }, "with_packages"),
+            (PolicySpec { with_packages: Some(vec!["../x".into()]), ..Default::default() }, "with_packages"),
         ];
         for (spec, needle) in cases {
             let err = Policy::from_spec(&spec, &host()).unwrap_err().to_string();
@@ -598,6 +635,7 @@ mod tests {
             memory_mb: Some(128),
             allow_hosts: Some(vec!["example.com".into(), "*.example.org:443".into()]),
             allow_degraded: Some(vec!["landlock".into()]),
+            with_packages: Some(vec!["statsmodels".into()]),
             ..Default::default()
         };
         let policy = Policy::from_spec(&spec, &host()).unwrap();

@@ -241,6 +241,14 @@ pub struct Usage {
     pub cpu_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// Milliseconds spent getting the image with the run's extra packages
+    /// (`with_packages`) before the sandbox was made: building the derived
+    /// image the first time, finding it after. Absent without extra packages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ms: Option<u64>,
+    /// Whether that image was already built (`false`: this run paid for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_cached: Option<bool>,
 }
 
 /// Which isolation was in force for the run.

@@ -72,6 +72,12 @@ pub struct PolicySpec {
     /// (`cgroups`, `landlock`). Without this a missing layer is an error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_degraded: Option<Vec<String>>,
+    /// Extra packages for the run, beyond its image, from the operator's
+    /// vetted set for that image (`statsmodels`): installed once into a
+    /// derived image, cached, never with network in the run. A package
+    /// outside the vetted set is refused with the list of those allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub with_packages: Option<Vec<String>>,
 }
 
 #[cfg(test)]

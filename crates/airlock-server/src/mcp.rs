@@ -49,6 +49,8 @@ struct ToolArgs {
     timeout_s: Option<f64>,
     cpu_time_s: Option<f64>,
     memory_mb: Option<u64>,
+    #[serde(default)]
+    with_packages: Option<Vec<String>>,
 }
 
 impl McpServer {
@@ -90,6 +92,10 @@ impl McpServer {
                 settings.runtime.describe
             ),
         };
+        if !settings.ceiling.with_packages.is_empty() {
+            let extras: Vec<&str> = settings.ceiling.with_packages.iter().map(String::as_str).collect();
+            let _ = write!(text, " More packages can be added to a call with with_packages: {}.", extras.join(", "));
+        }
         let network = &settings.defaults.network;
         if network.is_enabled() {
             let hosts: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
@@ -157,6 +163,16 @@ impl McpServer {
             "required": ["code"],
             "additionalProperties": false
         });
+        let mut schema = schema;
+        let extras = &self.engine.settings().ceiling.with_packages;
+        if !extras.is_empty() {
+            // Offered only when the operator allows some, and then only those.
+            schema["properties"]["with_packages"] = json!({
+                "type": "array",
+                "items": {"type": "string", "enum": extras},
+                "description": "Extra packages to install for this call, from the operator's vetted set (no network is opened)."
+            });
+        }
         match schema {
             serde_json::Value::Object(map) => Arc::new(map),
             _ => Arc::new(JsonObject::new()),
@@ -191,6 +207,7 @@ impl McpServer {
                 timeout_s: args.timeout_s,
                 cpu_time_s: args.cpu_time_s,
                 memory_mb: args.memory_mb,
+                with_packages: args.with_packages,
                 ..PolicySpec::default()
             },
             ..RunJob::default()

@@ -196,6 +196,7 @@ fn schemas() -> Value {
             ("env", json!({"type": "object", "additionalProperties": {"type": "string"}})),
             ("allow_hosts", strings()), ("max_network_bytes_out", integer()), ("max_network_bytes_in", integer()),
             ("max_connections", integer()), ("backend", string()), ("allow_degraded", strings()),
+            ("with_packages", strings()),
         ]),
         "FileBody": object(&[("path", string()), ("content_base64", string())], &[]),
         "RunBody": object(&[("code", string())], &[
@@ -213,7 +214,9 @@ fn schemas() -> Value {
         ),
         "ErrorInfo": object(&[("type", string()), ("message", string()), ("traceback", string())],
             &[("line", integer()), ("column", integer())]),
-        "Usage": object(&[("wall_ms", integer())], &[("cpu_ms", integer()), ("peak_memory_bytes", integer())]),
+        "Usage": object(&[("wall_ms", integer())], &[
+            ("cpu_ms", integer()), ("peak_memory_bytes", integer()), ("image_ms", integer()), ("image_cached", boolean()),
+        ]),
         "Isolation": object(&[("backend", string()), ("layers", array(schema_ref("Layer")))], &[
             ("degraded", array(schema_ref("Layer"))),
             ("details", json!({"type": "object", "additionalProperties": {"type": "string"}})),
@@ -449,7 +452,13 @@ mod tests {
                 line: Some(1),
                 column: Some(1),
             }),
-            usage: Usage { wall_ms: 1, cpu_ms: Some(1), peak_memory_bytes: Some(1) },
+            usage: Usage {
+                wall_ms: 1,
+                cpu_ms: Some(1),
+                peak_memory_bytes: Some(1),
+                image_ms: Some(1),
+                image_cached: Some(true),
+            },
             isolation: Isolation {
                 backend: "linux".into(),
                 layers: Layer::ALL.to_vec(),

@@ -419,6 +419,7 @@ impl WasmInstance {
                 wall_ms: outcome.wall.as_millis() as u64,
                 cpu_ms: outcome.cpu.map(|d| d.as_millis() as u64),
                 peak_memory_bytes: outcome.peak_memory,
+                ..Usage::default()
             },
             isolation: self.isolation(),
             report,

@@ -27,6 +27,25 @@ pub struct Interpreter {
     pub prefix: PathBuf,
     /// `3.11.7`.
     pub version: String,
+    /// What the interpreter said about its platform: which wheels it takes.
+    #[serde(default)]
+    pub platform: Platform,
+}
+
+/// The facts wheel tags and environment markers are decided from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Platform {
+    /// `sys.implementation.name`: `cpython`, `pypy`.
+    pub implementation: String,
+    /// `platform.machine()`: `x86_64`, `aarch64`.
+    pub machine: String,
+    /// `glibc` or `musl`, or empty when unknown (only pure-Python and
+    /// `linux_*` wheels then fit).
+    pub libc: String,
+    /// `2.36`.
+    pub libc_version: String,
+    /// `sys.abiflags`: `t` for a free-threaded build.
+    pub abiflags: String,
 }
 
 impl Interpreter {
@@ -35,7 +54,8 @@ impl Interpreter {
         let found = find_program(program)?;
         let key = cache_key(&found);
         if let Some(cached) = key.as_ref().and_then(|k| load_cache().remove(k)) {
-            if cached.executable.is_file() && cached.base_prefix.is_dir() {
+            // An entry from before interpreters reported their platform is asked again.
+            if cached.executable.is_file() && cached.base_prefix.is_dir() && !cached.platform.machine.is_empty() {
                 return Ok(cached);
             }
         }
@@ -101,7 +121,7 @@ impl Interpreter {
                 );
                 files.push(RuntimeFile::Text { sandbox, content });
             } else if kind.is_dir() {
-                mounts.push(RuntimeMount { host: entry.path(), sandbox });
+                mounts.push(RuntimeMount::read_only(entry.path(), sandbox));
             } else if kind.is_symlink() {
                 // lib64 -> lib: relative links stay inside the venv.
                 if let Some(target) = fs::read_link(entry.path()).ok().filter(|t| t.is_relative()) {
@@ -128,7 +148,7 @@ impl Interpreter {
     }
 
     /// The interpreter's executable, as a path inside.
-    fn executable_inside(&self) -> PathBuf {
+    pub(crate) fn executable_inside(&self) -> PathBuf {
         match self.executable.strip_prefix(&self.base_prefix) {
             Ok(relative) => self.prefix_inside().join(relative),
             // Outside its installation (unusual): it is bound beside it.
@@ -144,7 +164,7 @@ impl Interpreter {
         let mut mounts = Vec::new();
         let mut env = BTreeMap::new();
         if !self.base_prefix.starts_with("/usr") {
-            mounts.push(RuntimeMount { host: self.base_prefix.clone(), sandbox: PathBuf::from(PYTHON_MOUNT) });
+            mounts.push(RuntimeMount::read_only(self.base_prefix.clone(), PYTHON_MOUNT));
             // A shared build finds libpython through a RUNPATH that names the
             // host's prefix (pyenv's do): tell the loader where it is inside.
             let short = self.version.split('.').take(2).collect::<Vec<_>>().join(".");
@@ -157,7 +177,7 @@ impl Interpreter {
         }
         if !self.executable.starts_with(&self.base_prefix) && !self.executable.starts_with("/usr") {
             if let Some(dir) = self.executable.parent() {
-                mounts.push(RuntimeMount { host: dir.to_path_buf(), sandbox: PathBuf::from(PYTHON_BIN_MOUNT) });
+                mounts.push(RuntimeMount::read_only(dir.to_path_buf(), PYTHON_BIN_MOUNT));
             }
         }
         (mounts, env)
@@ -203,9 +223,13 @@ fn cache_key(found: &Path) -> Option<String> {
     Some(format!("{}|{mtime}|{}|{pyenv}|{cwd}", found.display(), meta.len()))
 }
 
-const PROBE: &str = "import json, sys\n\
+const PROBE: &str = "import json, os, platform, sys\n\
+try:\n  libc = os.confstr('CS_GNU_LIBC_VERSION').split()\n\
+except (ValueError, OSError, AttributeError):\n  libc = []\n\
 print(json.dumps({'executable': sys.executable, 'base_prefix': sys.base_prefix, 'prefix': sys.prefix,\n\
-  'version': '%d.%d.%d' % sys.version_info[:3]}))";
+  'version': '%d.%d.%d' % sys.version_info[:3], 'implementation': sys.implementation.name,\n\
+  'machine': platform.machine(), 'libc': libc[0] if len(libc) == 2 else '',\n\
+  'libc_version': libc[1] if len(libc) == 2 else '', 'abiflags': getattr(sys, 'abiflags', '')}))";
 
 fn ask(found: &Path) -> Result<Interpreter, Error> {
     let fail = |reason: String| Error::Interpreter { program: found.display().to_string(), reason };
@@ -220,6 +244,11 @@ fn ask(found: &Path) -> Result<Interpreter, Error> {
         base_prefix: PathBuf,
         prefix: PathBuf,
         version: String,
+        implementation: String,
+        machine: String,
+        libc: String,
+        libc_version: String,
+        abiflags: String,
     }
     let answer: Answer = serde_json::from_slice(&output.stdout).map_err(|e| fail(format!("unexpected answer: {e}")))?;
     let real = |p: &Path| fs::canonicalize(p).map_err(|e| fail(format!("{}: {e}", p.display())));
@@ -231,6 +260,13 @@ fn ask(found: &Path) -> Result<Interpreter, Error> {
         base_prefix: real(&answer.base_prefix)?,
         prefix: real(&answer.prefix)?,
         version: answer.version,
+        platform: Platform {
+            implementation: answer.implementation,
+            machine: answer.machine,
+            libc: answer.libc,
+            libc_version: answer.libc_version,
+            abiflags: answer.abiflags,
+        },
     })
 }
 

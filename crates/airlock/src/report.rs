@@ -97,6 +97,10 @@ fn render_raw(record: &RunRecord) -> String {
     if let Some(peak) = u.peak_memory_bytes {
         let _ = write!(status, " · peak memory {:.1} MiB", peak as f64 / 1048576.0);
     }
+    if let (Some(ms), Some(cached)) = (u.image_ms, u.image_cached) {
+        let how = if cached { "cached" } else { "built now" };
+        let _ = write!(status, " · image with extra packages {how} in {:.2} s", ms as f64 / 1000.0);
+    }
     let _ = writeln!(out, "{status}");
     let others: Vec<&str> =
         record.limits_hit.iter().filter(|l| Some(**l) != record.stopping_limit()).map(|l| l.name()).collect();

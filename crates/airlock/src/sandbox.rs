@@ -52,6 +52,15 @@ fn wasm_runtime() -> Runtime {
     }
 }
 
+fn no_image_for_extras() -> Error {
+    Error::Sandbox(airlock_core::SandboxError::Unsupported {
+        backend: "airlock",
+        what: "add extra packages (with_packages) to a host interpreter".to_owned(),
+        reason: "extra packages come from an image's vetted set; run in an image (the default, python-data, has one)"
+            .to_owned(),
+    })
+}
+
 /// This host's memory, CPUs and process limits, for checking policies.
 pub fn host_facts() -> Result<HostFacts, Error> {
     Ok(backend_for(BackendKind::Linux)?.probe()?.host)
@@ -70,6 +79,12 @@ pub struct SandboxOptions<'a> {
     pub on_build: Option<&'a mut dyn FnMut(BuildEvent)>,
     /// Record every run in this audit store.
     pub audit: Option<Audit>,
+    /// The image store to take the image from; `None` means airlock's data
+    /// directory.
+    pub images: Option<ImageStore>,
+    /// The backend to run on (a Linux backend with its helper elsewhere);
+    /// `None` means the one the policy names, as installed.
+    pub backend: Option<&'a dyn Backend>,
 }
 
 /// Where a sandbox records its runs, and in whose name.
@@ -121,6 +136,7 @@ impl std::fmt::Debug for SandboxOptions<'_> {
             .field("image", &self.image)
             .field("python", &self.python)
             .field("audit", &self.audit)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -171,6 +187,9 @@ pub struct Sandbox {
     inputs: Vec<InputRecord>,
     kill: KillSwitch,
     audit: Option<Audit>,
+    /// What getting the image with the policy's extra packages cost
+    /// (milliseconds, whether it was cached), for the next run's record.
+    image_cost: Option<(u64, bool)>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -186,18 +205,21 @@ impl Sandbox {
     }
 
     pub fn with_options(options: SandboxOptions<'_>) -> Result<Sandbox, Error> {
+        let extras = !options.policy.with_packages.is_empty();
         if options.policy.backend == BackendKind::Wasm {
-            if options.image.is_some() || options.python.is_some() {
+            if options.image.is_some() || options.python.is_some() || extras {
                 return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
                     backend: "wasm",
-                    what: "use an image or a host interpreter".to_owned(),
+                    what: "use an image, extra packages or a host interpreter".to_owned(),
                     reason: "its interpreter, with its packages, is built in; images are for the linux backend"
                         .to_owned(),
                 }));
             }
             return Sandbox::with_runtime(options.policy, wasm_runtime());
         }
+        let mut cost = None;
         let runtime = match (&options.python, &options.image) {
+            (Some(_), _) if extras => return Err(no_image_for_extras()),
             (Some(python), None) => Interpreter::resolve(python)?.runtime(),
             (Some(_), Some(_)) => {
                 return Err(Error::ImageBuild {
@@ -206,17 +228,32 @@ impl Sandbox {
                 });
             }
             (None, image) => {
-                let store = ImageStore::open_default()?;
+                let store = match options.images {
+                    Some(store) => store,
+                    None => ImageStore::open_default()?,
+                };
                 let name = image.as_deref().unwrap_or(DEFAULT_IMAGE);
                 let mut quiet = |_: BuildEvent| {};
                 let progress: &mut dyn FnMut(BuildEvent) = match options.on_build {
                     Some(p) => p,
                     None => &mut quiet,
                 };
-                store.get_or_build_default(name, progress)?.runtime()
+                let image = store.get_or_build_default(name, progress)?;
+                if extras {
+                    let packages: Vec<String> = options.policy.with_packages.iter().cloned().collect();
+                    let prepared = store.with_packages(&image, &packages, progress)?;
+                    cost = Some((prepared.wall_ms, prepared.cached));
+                    prepared.image.runtime()
+                } else {
+                    image.runtime()
+                }
             }
         };
-        let mut sandbox = Sandbox::with_runtime(options.policy, runtime)?;
+        let backend = match options.backend {
+            Some(backend) => backend,
+            None => backend_for(options.policy.backend)?,
+        };
+        let mut sandbox = Sandbox::create(backend, options.policy, runtime, cost)?;
         sandbox.set_audit(options.audit);
         Ok(sandbox)
     }
@@ -227,8 +264,34 @@ impl Sandbox {
     }
 
     /// A sandbox made by a backend of the caller's (a Linux backend with its
-    /// helper at a given path, say).
+    /// helper at a given path, say). When the policy asks for extra
+    /// packages, the runtime must come from an image in airlock's data
+    /// directory: the image with them is found or built first.
     pub fn with_backend(backend: &dyn Backend, policy: Policy, runtime: Runtime) -> Result<Sandbox, Error> {
+        if policy.with_packages.is_empty() {
+            return Sandbox::create(backend, policy, runtime, None);
+        }
+        let Some(image) = &runtime.image else { return Err(no_image_for_extras()) };
+        let store = ImageStore::open_default()?;
+        let base = store.get(&image.name)?;
+        if base.manifest.hash != image.hash {
+            return Err(Error::ImageCorrupt {
+                name: image.name.clone(),
+                reason: format!("it is now {}, not the {} this runtime was made from", base.manifest.hash, image.hash),
+            });
+        }
+        let packages: Vec<String> = policy.with_packages.iter().cloned().collect();
+        let prepared = store.with_packages(&base, &packages, &mut |_| {})?;
+        let runtime = prepared.image.runtime();
+        Sandbox::create(backend, policy, runtime, Some((prepared.wall_ms, prepared.cached)))
+    }
+
+    fn create(
+        backend: &dyn Backend,
+        policy: Policy,
+        runtime: Runtime,
+        image_cost: Option<(u64, bool)>,
+    ) -> Result<Sandbox, Error> {
         if backend.kind() != policy.backend {
             // The record would name one backend while another ran the code.
             return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
@@ -238,7 +301,7 @@ impl Sandbox {
             }));
         }
         let instance = backend.create(&policy, &runtime)?;
-        Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None })
+        Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None, image_cost })
     }
 
     /// Records every later run in `audit` (or in none).
@@ -372,6 +435,11 @@ impl Sandbox {
         };
         let (artifacts, over_cap) = self.collect(&request.outputs);
         record::add_artifacts(&mut rec, artifacts, over_cap);
+        // The image was got once, for this sandbox: its first run says what it cost.
+        if let Some((ms, cached)) = self.image_cost.take() {
+            rec.usage.image_ms = Some(ms);
+            rec.usage.image_cached = Some(cached);
+        }
         Ok(rec)
     }
 

@@ -63,7 +63,7 @@ pub fn record(id: &str, status: Status) -> RunRecord {
             line: Some(4),
             column: None,
         }),
-        usage: Usage { wall_ms: 1234, cpu_ms: Some(800), peak_memory_bytes: Some(45 << 20) },
+        usage: Usage { wall_ms: 1234, cpu_ms: Some(800), peak_memory_bytes: Some(45 << 20), ..Usage::default() },
         isolation: Isolation {
             backend: "linux".to_owned(),
             layers: vec![Layer::UserNamespace, Layer::PidNamespace, Layer::Seccomp],
