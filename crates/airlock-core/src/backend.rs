@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use airlock_policy::{
-    BackendKind, HostFacts, Isolation, Language, Layer, Limit, NetworkRecord, Policy, SandboxPath, Status, Usage,
+    BackendKind, HostFacts, Isolation, Language, Layer, Limit, Limits, NetworkRecord, Policy, SandboxPath, Status,
+    Usage,
 };
 
 use crate::driver::DriverReport;
@@ -75,6 +76,10 @@ pub trait Instance: Send {
     /// Runs one job in a fresh process tree (or fresh instance) and reports
     /// what happened. Returns `Err` only when the sandbox itself failed.
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError>;
+
+    /// Makes later runs obey `limits` (a caller's per-run limits, already
+    /// checked against the host). The rest of the policy stays as created.
+    fn set_limits(&mut self, limits: Limits);
 }
 
 /// One piece of code to run.

