@@ -8,8 +8,10 @@
 #
 # The venv needs schemathesis, jsonschema and mcp (scripts/test makes it).
 set -euo pipefail
-python=$1
-airlock=$2
+# Absolute, without resolving links (the venv's python is one).
+absolute() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+python="$(absolute "$1")"
+airlock="$(absolute "$2")"
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
 server_pid=
@@ -51,8 +53,10 @@ done
 [ -n "$address" ] || { echo "the server did not start"; cat "$work/server.log"; exit 1; }
 
 started=$(date +%s)
-"$(dirname "$python")/st" run "http://$address/openapi.json" \
-    --config-file "$here/schemathesis.toml" \
+# From the scratch folder: Schemathesis keeps its example database in the
+# working directory.
+cd "$work"
+"$(dirname "$python")/st" --config-file "$here/schemathesis.toml" run "http://$address/openapi.json" \
     --checks all --max-examples "${AIRLOCK_FUZZ_EXAMPLES:-25}" --seed 14 --workers 2 \
     --request-timeout 30 --header "Authorization: Bearer $token" --report-dir "$work/report"
 echo "fuzz: schemathesis took $(( $(date +%s) - started )) s"

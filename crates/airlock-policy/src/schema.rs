@@ -35,11 +35,13 @@ pub mod patterns {
     /// the server decodes, exactly.
     pub const BASE64: &str = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
     /// A path below /work as [`crate::SandboxPath::parse`] takes it:
-    /// `/work/...` or relative, no `..` component, a file named.
+    /// `/work/...` or relative, no `..` component, a file named; each name
+    /// at most 63 characters (so within the 255 bytes a file name may have,
+    /// whatever the characters).
     pub const SANDBOX_PATH: &str = concat!(
         "^(?:/work/(?:\\.?/)*|(?:\\./(?:\\.?/)*)?)",
-        "(?:[^/\\u0000.][^/\\u0000]*|\\.[^/\\u0000.][^/\\u0000]*|\\.\\.[^/\\u0000]+)",
-        "(?:/(?:\\.|[^/\\u0000.][^/\\u0000]*|\\.[^/\\u0000.][^/\\u0000]*|\\.\\.[^/\\u0000]+)?)*$"
+        "(?:[^/\\u0000.][^/\\u0000]{0,62}|\\.[^/\\u0000.][^/\\u0000]{0,61}|\\.\\.[^/\\u0000][^/\\u0000]{0,60})",
+        "(?:/(?:\\.|[^/\\u0000.][^/\\u0000]{0,62}|\\.[^/\\u0000.][^/\\u0000]{0,61}|\\.\\.[^/\\u0000][^/\\u0000]{0,60})?)*$"
     );
 }
 
@@ -396,6 +398,15 @@ impl Validator<'_> {
         }
         if let Some(choices) = map.get("oneOf").and_then(Value::as_array) {
             let matching = choices.iter().filter(|choice| self.check(choice, value, at).is_ok()).count();
+            // A choice of one value: `const`, or an `enum` of one (as schemars writes either).
+            let single = |c: &Value| {
+                c.get("const").cloned().or_else(|| c.get("enum")?.as_array().filter(|v| v.len() == 1)?.first().cloned())
+            };
+            let constants: Option<Vec<String>> = choices.iter().map(|c| single(c).map(|v| v.to_string())).collect();
+            if let (0, Some(constants)) = (matching, constants) {
+                // An enumeration written as documented constants.
+                return Err(violation(at, format!("must be one of {}, not {}", constants.join(", "), shown(value))));
+            }
             if matching != 1 {
                 return Err(violation(at, format!("matches {matching} of the forms allowed, not exactly one")));
             }
@@ -526,7 +537,9 @@ fn describe_pattern(pattern: &str) -> String {
         patterns::NO_NUL => "contains a NUL byte, which no process can receive".to_owned(),
         patterns::ENV_KEY => "is not a variable name: letters, digits and '_', not starting with a digit".to_owned(),
         patterns::SANDBOX_PATH => {
-            "is not a path below /work: write /work/name or a relative name, without '..'".to_owned()
+            "is not a path below /work: write /work/name or a relative name, without '..', each name at most 63 \
+             characters"
+                .to_owned()
         }
         other => format!("does not match the pattern {other}"),
     }
@@ -723,6 +736,13 @@ mod tests {
         for case in cases {
             assert_eq!(accepts(&schema, json!(case)), SandboxPath::parse(case).is_ok(), "{case:?}");
         }
+        // Names: 63 characters in the schema, 255 bytes in the parser.
+        let long = |n: usize, c: char| format!("/work/{}", c.to_string().repeat(n));
+        assert!(accepts(&schema, json!(long(63, 'é'))) && SandboxPath::parse(&long(63, 'é')).is_ok());
+        assert!(!accepts(&schema, json!(long(64, 'a'))));
+        assert!(accepts(&schema, json!(format!("/work/..{}", "a".repeat(61)))));
+        assert!(!accepts(&schema, json!(format!("/work/..{}", "a".repeat(62)))));
+        assert!(SandboxPath::parse(&long(256, 'a')).is_err() && SandboxPath::parse(&long(128, 'é')).is_err());
     }
 
     #[test]

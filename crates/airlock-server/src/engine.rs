@@ -287,7 +287,9 @@ impl Engine {
         // A watcher on the runtime turns a cancellation into a kill.
         let kill = sandbox.kill_switch();
         let _watch = CancelWatch::spawn(cancel, move || kill.kill(), stopped);
-        files.write_into(&mut sandbox).map_err(|error| RunError::Sandbox(error.to_string()))?;
+        // The files are the caller's: one that cannot be written (no room in
+        // the disk asked for, a name too long) is the request's fault.
+        files.write_into(&mut sandbox).map_err(|error| RunError::bad("files", error.to_string()))?;
         // A run the sandbox could not carry out still has its record (status
         // sandbox_error), recorded and returned like any other.
         let result = match sandbox.run_checked(&request) {

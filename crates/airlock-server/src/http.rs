@@ -217,10 +217,13 @@ type Shared = Arc<Engine>;
 pub fn router(engine: Shared, mcp: StreamableHttpService<McpServer, LocalSessionManager>) -> Router {
     let cap = engine.settings().max_body_bytes;
     let api = Router::new()
-        .route("/v1/runs", post(create_run).get(list_runs))
-        .route("/v1/runs/{id}", get(get_run))
-        .route("/v1/runs/{id}/artifacts/{index}", get(get_artifact))
-        .route("/metrics", get(metrics))
+        .route("/v1/runs", post(create_run).get(list_runs).fallback(not_allowed("/v1/runs")))
+        .route("/v1/runs/{id}", get(get_run).fallback(not_allowed("/v1/runs/{id}")))
+        .route(
+            "/v1/runs/{id}/artifacts/{index}",
+            get(get_artifact).fallback(not_allowed("/v1/runs/{id}/artifacts/{index}")),
+        )
+        .route("/metrics", get(metrics).fallback(not_allowed("/metrics")))
         .route(
             "/mcp",
             any(move |request: Request| {
@@ -229,12 +232,10 @@ pub fn router(engine: Shared, mcp: StreamableHttpService<McpServer, LocalSession
             }),
         )
         .layer(middleware::from_fn_with_state(engine.clone(), require_token));
-    let open = Router::new().route("/healthz", get(health)).route("/openapi.json", get(openapi));
-    mounts(open.merge(api))
-        .fallback(not_found)
-        .layer(middleware::from_fn(error_bodies))
-        .layer(DefaultBodyLimit::max(cap))
-        .with_state(engine)
+    let open = Router::new()
+        .route("/healthz", get(health).fallback(not_allowed("/healthz")))
+        .route("/openapi.json", get(openapi).fallback(not_allowed("/openapi.json")));
+    mounts(open.merge(api)).fallback(not_found).layer(DefaultBodyLimit::max(cap)).with_state(engine)
 }
 
 /// Where the server's parts are mounted beside the API.
@@ -242,22 +243,27 @@ fn mounts(router: Router<Shared>) -> Router<Shared> {
     router
 }
 
-/// Answers that axum makes itself (405 for a method a route lacks) carry an
-/// [`ErrorBody`] like every other error, and keep their `Allow`.
-async fn error_bodies(request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
-    if response.status() != StatusCode::METHOD_NOT_ALLOWED || response.headers().contains_key(header::CONTENT_TYPE) {
-        return response;
+/// The answer to a method `path` does not take: 405, with `Allow` listing
+/// the ones it does (from [`ROUTES`]; HEAD wherever GET), and an
+/// [`ErrorBody`] like every other error.
+fn not_allowed(path: &'static str) -> impl Fn() -> std::future::Ready<ApiError> + Clone + Send + 'static {
+    move || {
+        let mut methods: Vec<String> =
+            ROUTES.iter().filter(|(_, p)| *p == path).map(|(m, _)| m.to_ascii_uppercase()).collect();
+        if methods.iter().any(|m| m == "GET") {
+            methods.push("HEAD".to_owned());
+        }
+        let allowed = methods.join(", ");
+        let refused = ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{path} does not take that method; it takes {allowed}"),
+        );
+        std::future::ready(match HeaderValue::from_str(&allowed) {
+            Ok(value) => refused.header(header::ALLOW, value),
+            Err(_) => refused,
+        })
     }
-    let allow = response.headers().get(header::ALLOW).cloned().unwrap_or(HeaderValue::from_static(""));
-    let allowed = allow.to_str().unwrap_or_default().to_owned();
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("this endpoint does not take that method; it takes {allowed}"),
-    )
-    .header(header::ALLOW, allow)
-    .into_response()
 }
 
 /// MCP at `/mcp`: the body capped here (413, also for a chunked body), the

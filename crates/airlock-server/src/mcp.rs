@@ -37,6 +37,10 @@ use crate::request::{MAX_PATH_CHARS, nullable, read_value};
 
 /// Text artefacts up to this size come back as text blocks, budget allowing.
 pub const INLINE_TEXT_CAP: usize = 64 << 10;
+/// The most one `resources/read` returns: MCP clients cap a message at
+/// about 1 MiB (the official SDK's event size), and base64 grows by a third.
+/// A larger artefact is read in parts: `...?offset=N`.
+pub const READ_CHUNK: usize = 512 << 10;
 
 const PYTHON_TOOL: &str = "run_python";
 const SHELL_TOOL: &str = "run_shell";
@@ -348,7 +352,11 @@ impl McpServer {
 
     async fn read(&self, uri: &str, caller: Option<Caller>) -> Result<ReadResourceResult, ErrorData> {
         let not_found = || ErrorData::resource_not_found(format!("there is no resource {uri:?}"), None);
-        let rest = uri.strip_prefix("airlock://runs/").ok_or_else(not_found)?;
+        let (base, offset) = match uri.split_once("?offset=") {
+            Some((base, offset)) => (base, offset.parse::<usize>().map_err(|_| not_found())?),
+            None => (uri, 0),
+        };
+        let rest = base.strip_prefix("airlock://runs/").ok_or_else(not_found)?;
         let (id, what) = rest.split_once('/').ok_or_else(not_found)?;
         let store = self.engine.audit().clone();
         let lookup = id.to_owned();
@@ -380,8 +388,21 @@ impl McpServer {
         let data = self.engine.artifacts().get(&sha256).ok_or_else(|| {
             ErrorData::resource_not_found(format!("{uri} is no longer kept (the store keeps the newest only)"), None)
         })?;
-        let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
-        Ok(ReadResourceResult::new(vec![ResourceContents::blob(b64, uri).with_mime_type(mime)]))
+        let start = offset.min(data.len());
+        let end = (start + READ_CHUNK).min(data.len());
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&data[start..end]);
+        let mut contents = vec![ResourceContents::blob(b64, uri).with_mime_type(mime)];
+        if end < data.len() || start > 0 {
+            let mut note = format!("bytes {start} to {end} of {}", data.len());
+            if end < data.len() {
+                let _ = write!(note, "; the rest from {base}?offset={end}");
+            }
+            if self.over_http {
+                let _ = write!(note, "; all of it at once: GET /v1/runs/{id}/{what}");
+            }
+            contents.push(ResourceContents::text(note, uri).with_mime_type("text/plain"));
+        }
+        Ok(ReadResourceResult::new(contents))
     }
 }
 

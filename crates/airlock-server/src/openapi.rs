@@ -470,6 +470,8 @@ mod tests {
         spec.env = Some(BTreeMap::from([("A".to_owned(), "b".to_owned())]));
         spec.allow_hosts = Some(vec![]);
         spec.allow_degraded = Some(vec![]);
+        // What the operator alone sets.
+        (spec.disk_mb, spec.disk_inodes, spec.max_file_bytes, spec.max_files_total_bytes) = (None, None, None, None);
         spec
     }
 

@@ -59,11 +59,27 @@ pub struct FileBody {
     pub content_base64: String,
 }
 
+/// Policy fields a request leaves to the operator: the sandbox's disk and
+/// copy caps, which the request's own files must fit. (A request that
+/// lowered them under its own files would be refused for something its
+/// schema allowed.)
+pub const OPERATOR_ONLY: [&str; 4] = ["disk_mb", "disk_inodes", "max_file_bytes", "max_files_total_bytes"];
+
 /// The schema of [`RunBody`] as this server accepts it: its policy narrowed
-/// to the operator's ceiling ([`PolicySpec::schema_within`]).
+/// to the operator's ceiling ([`PolicySpec::schema_within`]) less
+/// [`OPERATOR_ONLY`], each file at most the operator's per-file cap.
 pub fn run_body_schema(settings: &Settings) -> Value {
     let mut body = schema::schema_of::<RunBody>();
-    body["properties"]["policy"] = PolicySpec::schema_within(&settings.ceiling);
+    let mut policy = PolicySpec::schema_within(&settings.ceiling);
+    if let Some(properties) = policy["properties"].as_object_mut() {
+        OPERATOR_ONLY.iter().for_each(|field| {
+            properties.remove(*field);
+        });
+    }
+    body["properties"]["policy"] = policy;
+    let file_cap = settings.defaults.limits.file_bytes;
+    let encoded = file_cap.div_ceil(3).saturating_mul(4);
+    body["properties"]["files"]["items"]["properties"]["content_base64"]["maxLength"] = json!(encoded);
     body
 }
 
@@ -120,9 +136,10 @@ mod tests {
     use super::*;
 
     fn schema() -> Value {
-        let mut body = schema::schema_of::<RunBody>();
-        body["properties"]["policy"] = PolicySpec::schema_within(&airlock::Policy::default());
-        body
+        let config: crate::config::ServerConfig = toml::from_str("").unwrap();
+        let host = airlock::HostFacts { memory_bytes: 8 << 30, cpus: 2, pid_max: 32768, nr_open: 1 << 20 };
+        let settings = Settings::new(&config, host, airlock::Runtime::default(), "/tmp/a.sqlite3".into()).unwrap();
+        run_body_schema(&settings)
     }
 
     fn refused(body: Value) -> BodyError {
@@ -144,6 +161,7 @@ mod tests {
         assert_eq!(refused(json!({"code": "1", "language": "perl"})).field, "language");
         assert_eq!(refused(json!({"code": "a\u{0}b"})).field, "code");
         assert_eq!(refused(json!({})).field, "code");
+        assert_eq!(refused(json!({"code": "1", "policy": {"max_file_bytes": 2}})).field, "policy.max_file_bytes");
         let body: RunBody =
             read_value(json!({"code": "1", "stdin_base64": null, "policy": {"timeout_s": null}}), &schema()).unwrap();
         assert_eq!((body.stdin_base64, body.policy.timeout_s), (None, None));
