@@ -99,7 +99,8 @@ pub fn read_json<T: serde::de::DeserializeOwned>(bytes: &[u8], schema: &Value) -
 }
 
 /// Checks `value` against `schema`, then deserializes it.
-pub fn read_value<T: serde::de::DeserializeOwned>(value: Value, schema: &Value) -> Result<T, BodyError> {
+pub fn read_value<T: serde::de::DeserializeOwned>(mut value: Value, schema: &Value) -> Result<T, BodyError> {
+    integers_as_integers(&mut value);
     schema::validate(schema, &value).map_err(|violation| BodyError {
         message: if violation.path.is_empty() {
             format!("the body {}", violation.message)
@@ -114,6 +115,25 @@ pub fn read_value<T: serde::de::DeserializeOwned>(value: Value, schema: &Value) 
         let field = if field == "." { String::new() } else { field };
         BodyError { message: format!("{field}: {}", error.inner()), field }
     })
+}
+
+/// Writes `43.0` as `43` wherever it is found: JSON Schema (and so the
+/// document) calls it an integer, serde would not read it as one. A whole
+/// number past the integers' range stays as it is (and is past every
+/// maximum).
+fn integers_as_integers(value: &mut Value) {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let whole = n.as_f64().filter(|f| f.fract() == 0.0);
+            // Exact below 2^63; a larger whole float is refused by its maximum.
+            if let Some(i) = whole.filter(|f| f.abs() < 9.2e18).map(|f| f as i64) {
+                *n = i.into();
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integers_as_integers),
+        Value::Object(map) => map.values_mut().for_each(integers_as_integers),
+        _ => {}
+    }
 }
 
 /// `{"type": T}` made nullable, for fields an agent SDK's strict mode makes
@@ -162,8 +182,19 @@ mod tests {
         assert_eq!(refused(json!({"code": "a\u{0}b"})).field, "code");
         assert_eq!(refused(json!({})).field, "code");
         assert_eq!(refused(json!({"code": "1", "policy": {"max_file_bytes": 2}})).field, "policy.max_file_bytes");
+        assert_eq!(refused(json!({"code": "1", "policy": {"open_files": 43.5}})).field, "policy.open_files");
         let body: RunBody =
             read_value(json!({"code": "1", "stdin_base64": null, "policy": {"timeout_s": null}}), &schema()).unwrap();
         assert_eq!((body.stdin_base64, body.policy.timeout_s), (None, None));
+    }
+
+    /// Issue 14 item 6, found by Schemathesis: `43.0` is an integer to JSON
+    /// Schema, so the server takes it where the document says integer.
+    #[test]
+    fn a_whole_number_written_with_a_point_is_an_integer() {
+        let body: RunBody = read_value(json!({"code": "1", "policy": {"open_files": 43.0}}), &schema()).unwrap();
+        assert_eq!(body.policy.open_files, Some(43));
+        assert!(schema::validate(&json!({"type": "integer"}), &json!(43.0)).is_ok());
+        assert!(schema::validate(&json!({"type": "integer"}), &json!(43.5)).is_err());
     }
 }
