@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use airlock::audit::AuditStore;
 use airlock::{
-    Audit, Language, Output, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxOptions, SandboxPath, Status,
+    Audit, CopyIn, Language, Output, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxOptions, SandboxPath,
+    Status,
 };
 use anyhow::{Context, bail};
 use clap::Args;
@@ -126,8 +127,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         },
     };
     let policy = policy_from_args(&args)?;
-    let inputs =
-        args.files.iter().map(|f| parse_file(f, policy.limits.file_bytes)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut inputs = CopyIn::new(&policy.limits);
+    for arg in &args.files {
+        let (host, path) = parse_file(arg)?;
+        inputs.add_host_file(&host, path).with_context(|| format!("--file {arg}"))?;
+    }
     let outputs = args.outs.iter().map(|o| parse_out(o)).collect::<anyhow::Result<Vec<_>>>()?;
     let stdin = match &args.stdin {
         None => Vec::new(),
@@ -156,11 +160,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         images: None,
         backend: None,
     })?;
-    for (host, sandbox_path) in &inputs {
-        let data = std::fs::read(host).with_context(|| format!("--file {}", host.display()))?;
-        sandbox.write(&sandbox_path.to_string(), &data)?;
-    }
-    let request = RunRequest { code, language, stdin, cwd: None, display_name: Some(display_name), outputs };
+    inputs.write_into(&mut sandbox)?;
+    let request =
+        RunRequest { code, language, stdin, cwd: None, display_name: Some(display_name), outputs, limits: None };
     // A run that could not be recorded is shown, then fails the command.
     let (mut record, unrecorded) = match sandbox.run_checked(&request) {
         Ok(record) => (record, None),
@@ -277,8 +279,8 @@ fn policy_from_args(args: &RunArgs) -> anyhow::Result<Policy> {
     Ok(Policy::from_spec(&spec, &airlock::host_facts()?)?)
 }
 
-/// `HOST[:SANDBOX]`: the host file must exist, be a regular file and fit.
-fn parse_file(arg: &str, max_bytes: u64) -> anyhow::Result<(PathBuf, SandboxPath)> {
+/// `HOST[:SANDBOX]` (default `/work/<name>`).
+fn parse_file(arg: &str) -> anyhow::Result<(PathBuf, SandboxPath)> {
     let (host, inside) = match arg.split_once(':') {
         Some((h, s)) => (PathBuf::from(h), s.to_owned()),
         None => {
@@ -291,17 +293,6 @@ fn parse_file(arg: &str, max_bytes: u64) -> anyhow::Result<(PathBuf, SandboxPath
             (host, format!("/work/{name}"))
         }
     };
-    let meta = std::fs::metadata(&host).with_context(|| format!("--file {}", host.display()))?;
-    if !meta.is_file() {
-        bail!("--file {}: not a regular file", host.display());
-    }
-    if meta.len() > max_bytes {
-        bail!(
-            "--file {}: {} bytes is above the {max_bytes}-byte cap per file; raise it or copy less",
-            host.display(),
-            meta.len()
-        );
-    }
     let path = SandboxPath::parse(&inside).with_context(|| format!("--file {arg:?}"))?;
     Ok((host, path))
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use airlock_policy::{
-    BackendKind, HostFacts, Isolation, Language, Layer, Limit, NetworkRecord, Policy, SandboxPath, Status, Usage,
+    BackendKind, HostFacts, Isolation, Language, Layer, Limit, Limits, NetworkRecord, Policy, SandboxPath, Status,
+    Usage,
 };
 
 use crate::driver::DriverReport;
@@ -77,6 +78,10 @@ pub trait Instance: Send {
     /// it has, every failure of the backend's own is in the execution
     /// (status `internal_error`), beside everything observed.
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError>;
+
+    /// Makes later runs obey `limits` (a caller's per-run limits, already
+    /// checked against the host). The rest of the policy stays as created.
+    fn set_limits(&mut self, limits: Limits);
 }
 
 /// One piece of code to run.

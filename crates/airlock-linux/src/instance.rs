@@ -72,6 +72,10 @@ impl Instance for LinuxInstance {
         copy::read(&self.files, self.work.as_fd(), path, max_bytes)
     }
 
+    fn set_limits(&mut self, limits: airlock_policy::Limits) {
+        self.policy.limits = limits;
+    }
+
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
         // The copy-in cap counts what was copied in for this run.
         self.written = 0;

@@ -15,8 +15,22 @@ pub(crate) const MIB: u64 = 1024 * 1024;
 /// tool is for, and a typo of `86400` for `8640` should not hold a slot for days.
 pub const MAX_WALL_TIME: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// [`MAX_WALL_TIME`] in the seconds a spec is written in.
+pub const MAX_WALL_TIME_S: f64 = 24.0 * 60.0 * 60.0;
+
 /// The smallest memory limit accepted: CPython alone needs about this much to start.
 pub const MIN_MEMORY_BYTES: u64 = 16 * MIB;
+
+/// The same, in the MiB a spec is written in.
+pub const MIN_MEMORY_MB: u64 = MIN_MEMORY_BYTES / MIB;
+
+/// The shortest time limit accepted, in seconds: a millisecond. Below it a
+/// limit is a typo, and no run could even start.
+pub const MIN_SECONDS: f64 = 0.001;
+
+/// The least CPU bandwidth accepted: a cgroup's quota cannot be smaller
+/// than a hundredth of its period.
+pub const MIN_CPUS: f64 = 0.01;
 
 /// The smallest open-file limit accepted: an interpreter needs a handful of
 /// descriptors before the code runs at all.
@@ -47,7 +61,7 @@ impl fmt::Display for BackendKind {
 }
 
 /// What to do when a run writes more than `max_output_bytes` to a stream.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputOverflow {
     /// Keep the first bytes, mark the stream truncated, discard the rest, and
@@ -60,7 +74,7 @@ pub enum OutputOverflow {
 
 /// An isolation layer. A backend lists the layers it put in force in every
 /// record; a policy may name layers it accepts to run without.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Layer {
     UserNamespace,
@@ -263,7 +277,7 @@ pub struct HostFacts {
 /// A policy value that cannot be used, naming the field and the fix.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PolicyError {
-    #[error("{field} must be a finite number of seconds greater than 0 (got {value}); pass e.g. {field}=20")]
+    #[error("{field} must be a number of seconds of at least 0.001 (got {value}); pass e.g. {field}=20")]
     BadDuration { field: &'static str, value: f64 },
     #[error("{field} is {value} s, above the most allowed ({max} s); ask for less time")]
     DurationTooLong { field: &'static str, value: f64, max: u64 },
@@ -271,7 +285,7 @@ pub enum PolicyError {
     TooSmall { field: &'static str, value: u64, min: u64, hint: &'static str },
     #[error("{field} is {value}, above what this host has ({max}); ask for at most {max}")]
     AboveHost { field: &'static str, value: u64, max: u64 },
-    #[error("cpus must be a finite number greater than 0 and at most the host's {max} (got {value})")]
+    #[error("cpus must be a number from 0.01 to the host's {max} (got {value})")]
     BadCpus { value: f64, max: u32 },
     #[error("env key {key:?} is not a valid variable name: use letters, digits and '_', not starting with a digit")]
     BadEnvKey { key: String },
@@ -288,8 +302,6 @@ pub enum PolicyError {
     LayerNotDegradable { layer: Layer },
     #[error("backend {name:?} is unknown; use \"linux\" or \"wasm\"")]
     UnknownBackend { name: String },
-    #[error("{field} must be at least 1 when network hosts are allowed")]
-    ZeroNetworkCap { field: &'static str },
     #[error("{field}: {message}")]
     Invalid { field: &'static str, message: String },
     /// A request asked for more than the operator allows.
@@ -308,7 +320,6 @@ impl PolicyError {
             | PolicyError::DurationTooLong { field, .. }
             | PolicyError::TooSmall { field, .. }
             | PolicyError::AboveHost { field, .. }
-            | PolicyError::ZeroNetworkCap { field }
             | PolicyError::Invalid { field, .. }
             | PolicyError::AboveCeiling { field, .. }
             | PolicyError::NotAllowed { field, .. } => field,
@@ -430,7 +441,7 @@ impl Policy {
         at_most("memory_mb", l.memory_bytes / MIB, host.memory_bytes / MIB)?;
         at_least("pids", l.pids.into(), 1, "the code itself is one process")?;
         at_most("pids", l.pids.into(), host.pid_max.into())?;
-        if !(l.cpus.is_finite() && l.cpus > 0.0 && l.cpus <= f64::from(host.cpus)) {
+        if !(l.cpus.is_finite() && l.cpus >= MIN_CPUS && l.cpus <= f64::from(host.cpus)) {
             return Err(PolicyError::BadCpus { value: l.cpus, max: host.cpus });
         }
         at_least("disk_mb", l.disk_bytes / MIB, 1, "the work directory needs room for its files")?;
@@ -444,16 +455,10 @@ impl Policy {
             "an interpreter needs a few descriptors to start",
         )?;
         at_most("open_files", l.open_files.into(), host.nr_open.into())?;
+        // A total below the per-file cap is simply the tighter of the two:
+        // every copy checks both.
         at_least("max_file_bytes", l.file_bytes, 1, "files of at least one byte must fit")?;
-        if l.files_total_bytes < l.file_bytes {
-            return Err(PolicyError::Invalid {
-                field: "max_files_total_bytes",
-                message: format!(
-                    "{} is below max_file_bytes ({}); the total must hold at least one file",
-                    l.files_total_bytes, l.file_bytes
-                ),
-            });
-        }
+        at_least("max_files_total_bytes", l.files_total_bytes, 1, "files of at least one byte must fit")?;
         if let Some(layer) = self.allow_degraded.iter().find(|l| !Layer::DEGRADABLE.contains(l)) {
             return Err(PolicyError::LayerNotDegradable { layer: *layer });
         }
@@ -480,17 +485,13 @@ impl Policy {
                 return Err(PolicyError::BadEnvValue { key: key.clone() });
             }
         }
-        if self.network.is_enabled() {
-            if self.network.max_connections == 0 {
-                return Err(PolicyError::ZeroNetworkCap { field: "max_connections" });
-            }
-            if self.network.max_bytes_in == 0 {
-                return Err(PolicyError::ZeroNetworkCap { field: "max_network_bytes_in" });
-            }
-            if self.network.max_bytes_out == 0 {
-                return Err(PolicyError::ZeroNetworkCap { field: "max_network_bytes_out" });
-            }
-        }
+        // A cap of 0 on the proxy says "no network", which an empty
+        // allow_hosts already says: refused, with or without hosts, so that
+        // every door (and the schema) states one rule.
+        let cap_hint = "leave allow_hosts empty for no network";
+        at_least("max_connections", self.network.max_connections.into(), 1, cap_hint)?;
+        at_least("max_network_bytes_in", self.network.max_bytes_in, 1, cap_hint)?;
+        at_least("max_network_bytes_out", self.network.max_bytes_out, 1, cap_hint)?;
         Ok(())
     }
 
@@ -524,7 +525,7 @@ impl Policy {
 }
 
 fn duration(field: &'static str, seconds: f64) -> Result<Duration, PolicyError> {
-    if !seconds.is_finite() || seconds <= 0.0 {
+    if !seconds.is_finite() || seconds < MIN_SECONDS {
         return Err(PolicyError::BadDuration { field, value: seconds });
     }
     if seconds > MAX_WALL_TIME.as_secs_f64() {

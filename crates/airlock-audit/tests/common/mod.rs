@@ -56,6 +56,7 @@ pub fn record(id: &str, status: Status) -> RunRecord {
             png_base64: Some("RklHVVJFUE5HQ09OVEVOVA==".to_owned()),
         }],
         value: None,
+        results: Vec::new(),
         error: Some(ErrorInfo {
             kind: "ZeroDivisionError".to_owned(),
             message: "division by zero".to_owned(),
