@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use airlock_tests::users::{Delegated, nobody_command, parse_record, user_home};
+use airlock_tests::users::{Delegated, NOBODY, nobody_command, parse_record, user_home};
 use airlock_tests::{airlock_bin, exclusive, helper};
 use serde_json::Value;
 

@@ -173,6 +173,7 @@ fn record(n: u64, count: u64) -> (RunRecord, String) {
             wall_ms: 300 + n % 900,
             cpu_ms: Some(200 + n % 700),
             peak_memory_bytes: Some(60 << 20),
+            ..airlock::Usage::default()
         },
         ..RunRecord::default()
     };
