@@ -210,7 +210,9 @@ pub fn marker(name: &str) -> String {
 pub fn wasm() -> &'static airlock_wasm::WasmBackend {
     static BACKEND: OnceLock<airlock_wasm::WasmBackend> = OnceLock::new();
     BACKEND.get_or_init(|| {
-        let backend = airlock_wasm::WasmBackend::new(test_home());
+        let worker = bin_dir().join(airlock_wasm::WORKER_NAME);
+        assert!(worker.is_file(), "{} is missing: run the tests with `cargo test --workspace`", worker.display());
+        let backend = airlock_wasm::WasmBackend::with_worker(test_home(), worker);
         backend.prepare(&mut airlock_wasm::progress_on_stderr).expect("the wasm interpreter installs");
         backend
     })

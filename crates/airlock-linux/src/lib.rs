@@ -27,6 +27,7 @@
 mod caps;
 mod cgroup;
 pub mod child;
+pub mod confine;
 mod copy;
 mod instance;
 mod landlock;
@@ -105,22 +106,10 @@ impl LinuxBackend {
 
     /// Where the helper binary is.
     pub fn helper_path(&self) -> Result<PathBuf, SandboxError> {
-        if let Some(path) = &self.helper {
-            return Ok(path.clone());
+        match &self.helper {
+            Some(path) => Ok(path.clone()),
+            None => confine::find_helper(HELPER_NAME, HELPER_ENV),
         }
-        if let Some(path) = std::env::var_os(HELPER_ENV).filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(path));
-        }
-        // Beside the running program, never from PATH: whatever the helper
-        // is, the supervisor (often root) runs it to build the sandbox.
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|d| d.join(HELPER_NAME)))
-            .filter(|p| p.is_file())
-            .ok_or_else(|| SandboxError::Missing {
-                what: format!("the sandbox helper `{HELPER_NAME}`"),
-                hint: format!("install it beside the airlock program, or set {HELPER_ENV} to its path"),
-            })
     }
 }
 
@@ -181,7 +170,7 @@ impl Backend for LinuxBackend {
 fn setup(helper: &Path, plan: SetupPlan) -> Result<[OwnedFd; 5], SandboxError> {
     let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
     let (mut child, ours) =
-        supervise::spawn_helper(helper).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
+        supervise::spawn_helper(helper, &[]).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
     let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
     let reply = sent.and_then(|()| supervise::recv_within(ours.as_fd(), supervise::SETUP_TIMEOUT));
     if reply.is_err() {

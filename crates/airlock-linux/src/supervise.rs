@@ -84,10 +84,11 @@ pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
 
 /// Starts the helper with a socket to it on its standard input. A fresh
 /// exec: the supervisor may be multi-threaded, so nothing is set up in its
-/// fork. The helper starts with an empty environment.
-pub fn spawn_helper(helper: &Path) -> io::Result<(Child, OwnedFd)> {
+/// fork. The helper starts with an empty environment and `args`.
+pub fn spawn_helper(helper: &Path, args: &[&str]) -> io::Result<(Child, OwnedFd)> {
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     let child = Command::new(helper)
+        .args(args)
         .env_clear()
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
@@ -149,7 +150,7 @@ pub fn run(
         (r, Some(w))
     };
 
-    let (mut child, ours) = spawn_helper(helper)?;
+    let (mut child, ours) = spawn_helper(helper, &[])?;
     let helper_pid = child.id();
     let mut observed = Observed::default();
 
@@ -380,7 +381,7 @@ pub fn run(
 }
 
 /// Reads what a non-blocking pipe holds; false once it reached end of file.
-fn drain(fd: &OwnedFd, into: &mut CappedBuffer) -> bool {
+pub fn drain(fd: &OwnedFd, into: &mut CappedBuffer) -> bool {
     let mut buf = [0u8; CHUNK];
     loop {
         match rustix::io::read(fd, &mut buf) {
@@ -413,7 +414,8 @@ fn read_report(fd: &OwnedFd, observed: &mut Observed, cap: usize) {
     }
 }
 
-fn recv_nonblocking(socket: BorrowedFd<'_>) -> Option<(Reply, Vec<OwnedFd>)> {
+/// One message, if one is waiting.
+pub fn recv_nonblocking<T: serde::de::DeserializeOwned>(socket: BorrowedFd<'_>) -> Option<(T, Vec<OwnedFd>)> {
     let mut fds = [PollFd::new(&socket, PollFlags::IN)];
     let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
     match poll(&mut fds, Some(&zero)) {

@@ -52,6 +52,43 @@ fn wasm_runtime() -> Runtime {
     }
 }
 
+/// What the code runs with on `policy`'s backend: the built-in interpreter on
+/// wasm; on linux, `python` as it is, or `image` (the default image when
+/// neither is given, built first if it does not exist yet).
+fn runtime_for(
+    policy: &Policy,
+    image: Option<&str>,
+    python: Option<&str>,
+    on_build: Option<&mut dyn FnMut(BuildEvent)>,
+) -> Result<Runtime, Error> {
+    if policy.backend == BackendKind::Wasm {
+        if image.is_some() || python.is_some() {
+            return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
+                backend: "wasm",
+                what: "use an image or a host interpreter".to_owned(),
+                reason: "its interpreter, with its packages, is built in; images are for the linux backend".to_owned(),
+            }));
+        }
+        return Ok(wasm_runtime());
+    }
+    match (python, image) {
+        (Some(python), None) => Ok(Interpreter::resolve(python)?.runtime()),
+        (Some(_), Some(_)) => Err(Error::ImageBuild {
+            name: String::new(),
+            reason: "choose an image or an interpreter, not both".to_owned(),
+        }),
+        (None, image) => {
+            let store = ImageStore::open_default()?;
+            let mut quiet = |_: BuildEvent| {};
+            let progress: &mut dyn FnMut(BuildEvent) = match on_build {
+                Some(p) => p,
+                None => &mut quiet,
+            };
+            Ok(store.get_or_build_default(image.unwrap_or(DEFAULT_IMAGE), progress)?.runtime())
+        }
+    }
+}
+
 /// This host's memory, CPUs and process limits, for checking policies.
 pub fn host_facts() -> Result<HostFacts, Error> {
     Ok(backend_for(BackendKind::Linux)?.probe()?.host)
@@ -183,39 +220,14 @@ impl Sandbox {
         Sandbox::with_options(SandboxOptions { policy, ..SandboxOptions::default() })
     }
 
+    /// A sandbox as `options` say. Every backend takes the same path: the
+    /// runtime for the policy's backend, the sandbox, then the audit store,
+    /// so that no backend can hand out a run the store did not see.
     pub fn with_options(options: SandboxOptions<'_>) -> Result<Sandbox, Error> {
-        if options.policy.backend == BackendKind::Wasm {
-            if options.image.is_some() || options.python.is_some() {
-                return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
-                    backend: "wasm",
-                    what: "use an image or a host interpreter".to_owned(),
-                    reason: "its interpreter, with its packages, is built in; images are for the linux backend"
-                        .to_owned(),
-                }));
-            }
-            return Sandbox::with_runtime(options.policy, wasm_runtime());
-        }
-        let runtime = match (&options.python, &options.image) {
-            (Some(python), None) => Interpreter::resolve(python)?.runtime(),
-            (Some(_), Some(_)) => {
-                return Err(Error::ImageBuild {
-                    name: String::new(),
-                    reason: "choose an image or an interpreter, not both".to_owned(),
-                });
-            }
-            (None, image) => {
-                let store = ImageStore::open_default()?;
-                let name = image.as_deref().unwrap_or(DEFAULT_IMAGE);
-                let mut quiet = |_: BuildEvent| {};
-                let progress: &mut dyn FnMut(BuildEvent) = match options.on_build {
-                    Some(p) => p,
-                    None => &mut quiet,
-                };
-                store.get_or_build_default(name, progress)?.runtime()
-            }
-        };
-        let mut sandbox = Sandbox::with_runtime(options.policy, runtime)?;
-        sandbox.set_audit(options.audit);
+        let SandboxOptions { policy, image, python, on_build, audit } = options;
+        let runtime = runtime_for(&policy, image.as_deref(), python.as_deref(), on_build)?;
+        let mut sandbox = Sandbox::with_runtime(policy, runtime)?;
+        sandbox.set_audit(audit);
         Ok(sandbox)
     }
 
