@@ -26,7 +26,9 @@ pub use crate::probe::{NAMESPACE_LAYERS, probe};
 pub use crate::process::{die_with_parent, exit_if_parent_gone};
 pub use crate::supervise::{drain, recv_nonblocking, spawn_helper};
 pub use crate::sys::{Forked, clone_with_namespaces, close_from_except, install_seccomp, landlock_abi, wait4_cpu_time};
-pub use crate::userns::{HOST_ID_FOR_ROOT, become_sandbox_user, drop_supplementary_groups, join as join_sandbox};
+pub use crate::userns::{
+    HOST_ID_FOR_ROOT, become_sandbox_user, check_mapping, drop_supplementary_groups, join as join_sandbox,
+};
 
 /// A sandbox's persistent part, made by the helper's setup and held only by
 /// these descriptors (see [`make_stage`]).

@@ -211,9 +211,13 @@ impl Backend for WasmBackend {
         let degraded = probe.check(policy)?;
         let worker = self.worker_path()?;
         let loaded = self.load(&mut progress_on_stderr)?;
-        let stage = if degraded.contains(&Layer::UserNamespace) {
-            let root = rustix::process::geteuid().is_root();
-            Stage::on_host(&loaded.installed, root.then_some(confine::HOST_ID_FOR_ROOT))?
+        // Without namespaces, root runs the guest as nobody, as the Linux
+        // backend's sandbox user is, where nobody exists.
+        let plain = degraded.contains(&Layer::UserNamespace);
+        let run_as = (plain && rustix::process::geteuid().is_root() && confine::check_mapping().is_ok())
+            .then_some(confine::HOST_ID_FOR_ROOT);
+        let stage = if plain {
+            Stage::on_host(&loaded.installed, run_as)?
         } else {
             Stage::namespaced(&worker, &loaded.installed, &policy.limits)?
         };
@@ -235,6 +239,7 @@ impl Backend for WasmBackend {
             stage,
             seccomp,
             degraded,
+            run_as,
             copied_in: 0,
         }))
     }

@@ -42,6 +42,8 @@ pub(crate) struct WasmInstance {
     /// The worker's filter, unless the policy accepted to run without.
     pub seccomp: Option<Arc<Vec<Instruction>>>,
     pub degraded: Vec<Layer>,
+    /// Without namespaces, as root: the host user the guest runs as.
+    pub run_as: Option<u32>,
     /// Bytes copied in since the last run, against `files_total_bytes`.
     pub copied_in: u64,
 }
@@ -107,7 +109,8 @@ impl Instance for WasmInstance {
             program_dir: self.stage.program_dir(),
             program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_bytes: caps.report_bytes,
-            run_as: (!namespaces && rustix::process::geteuid().is_root()).then_some(confine::HOST_ID_FOR_ROOT),
+            run_as: self.run_as,
+            drop_capabilities: !namespaces && rustix::process::geteuid().is_root() && self.run_as.is_none(),
             argv: program.argv,
             env,
             preopens: self.stage.preopens(installed),
@@ -363,7 +366,14 @@ impl WasmInstance {
                  mount, network, IPC, UTS and cgroup namespaces, its root the sandbox's stage"
                     .to_owned()
             } else {
-                "a plain process of its own per run, started by fork+exec (no namespaces on this host)".to_owned()
+                format!(
+                    "a plain process of its own per run, started by fork+exec (no namespaces on this host){}",
+                    match (self.run_as, rustix::process::geteuid().is_root()) {
+                        (Some(id), _) => format!(", as host uid {id}"),
+                        (None, true) => ", as root without capabilities (uid 65534 cannot be mapped here)".to_owned(),
+                        (None, false) => String::new(),
+                    }
+                )
             },
         );
         detail(

@@ -37,8 +37,11 @@ pub struct GuestPlan {
     /// The most the driver's report may hold (room is made for it).
     pub report_bytes: usize,
     /// Without namespaces, as root: become this host uid and gid (nobody),
-    /// as the Linux backend's sandbox user is.
+    /// as the Linux backend's sandbox user is...
     pub run_as: Option<u32>,
+    /// ... and, as root still (where nobody does not exist), drop every
+    /// capability.
+    pub drop_capabilities: bool,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     /// Folders the guest sees, as the worker sees them.

@@ -204,8 +204,12 @@ fn guest_process(
     confine::die_with_parent(None)?;
     confine::exit_if_parent_gone(parent_alive)?;
     confine::apply_rlimits(&plan.rlimits)?;
-    if plan.namespaces {
+    if plan.namespaces || plan.drop_capabilities {
+        // With no_new_privs.
         confine::drop_capabilities()?;
+        if !plan.namespaces {
+            layers.push(Layer::CapabilitiesDropped);
+        }
     } else {
         rustix::thread::set_no_new_privs(true).map_err(|e| Failure::new("set no_new_privs", "", &e.into()))?;
     }
