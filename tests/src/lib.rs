@@ -107,7 +107,8 @@ pub fn exclusive() -> Exclusive {
     Exclusive(guard)
 }
 
-fn shared() -> Option<RwLockReadGuard<'static, ()>> {
+/// Holds the run lock with the other ordinary runs (see [`exclusive`]).
+pub fn shared() -> Option<RwLockReadGuard<'static, ()>> {
     // The thread holding the exclusive lock runs under it.
     if HOLDS_EXCLUSIVE.with(|h| h.get()) {
         return None;
@@ -228,4 +229,24 @@ pub fn sandbox_on(backend: airlock::BackendKind, mut policy: Policy) -> Sandbox 
             Sandbox::with_backend(wasm(), policy, Runtime::default()).expect("a wasm sandbox")
         }
     }
+}
+
+/// Generates one test per backend for each case: `mod case { fn linux(); fn
+/// wasm(); }`, each calling `case(backend)` from the module around them.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                #[test]
+                fn linux() {
+                    super::$case(airlock::BackendKind::Linux)
+                }
+                #[test]
+                fn wasm() {
+                    super::$case(airlock::BackendKind::Wasm)
+                }
+            }
+        )*
+    };
 }
