@@ -74,7 +74,9 @@ fn wait_for_guest(root: u32) -> u32 {
 
 #[test]
 fn the_guest_is_hosted_by_a_confined_worker_not_the_supervisor() {
-    let _guard = shared();
+    // Alone: it inspects the one worker below this process, which another
+    // test's worker (with other limits) must not be taken for.
+    let _alone = exclusive();
     let me = std::process::id();
     let runner = std::thread::spawn(|| {
         sandbox_on(BackendKind::Wasm, wasm_policy(30)).run("import time\ntime.sleep(3)\nprint('done')")
