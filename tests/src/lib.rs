@@ -109,7 +109,8 @@ pub fn exclusive() -> Exclusive {
     Exclusive(guard)
 }
 
-fn shared() -> Option<RwLockReadGuard<'static, ()>> {
+/// Holds the run lock with the other ordinary runs (see [`exclusive`]).
+pub fn shared() -> Option<RwLockReadGuard<'static, ()>> {
     // The thread holding the exclusive lock runs under it.
     if HOLDS_EXCLUSIVE.with(|h| h.get()) {
         return None;
@@ -224,7 +225,9 @@ pub fn marker(name: &str) -> String {
 pub fn wasm() -> &'static airlock_wasm::WasmBackend {
     static BACKEND: OnceLock<airlock_wasm::WasmBackend> = OnceLock::new();
     BACKEND.get_or_init(|| {
-        let backend = airlock_wasm::WasmBackend::new(test_home());
+        let worker = bin_dir().join(airlock_wasm::WORKER_NAME);
+        assert!(worker.is_file(), "{} is missing: run the tests with `cargo test --workspace`", worker.display());
+        let backend = airlock_wasm::WasmBackend::with_worker(test_home(), worker);
         backend.prepare(&mut airlock_wasm::progress_on_stderr).expect("the wasm interpreter installs");
         backend
     })
@@ -240,4 +243,24 @@ pub fn sandbox_on(backend: airlock::BackendKind, mut policy: Policy) -> Sandbox 
             Sandbox::with_backend(wasm(), policy, Runtime::default()).expect("a wasm sandbox")
         }
     }
+}
+
+/// Generates one test per backend for each case: `mod case { fn linux(); fn
+/// wasm(); }`, each calling `case(backend)` from the module around them.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                #[test]
+                fn linux() {
+                    super::$case(airlock::BackendKind::Linux)
+                }
+                #[test]
+                fn wasm() {
+                    super::$case(airlock::BackendKind::Wasm)
+                }
+            }
+        )*
+    };
 }

@@ -5,28 +5,13 @@
 
 use std::time::Duration;
 
-use airlock::{BackendKind, Limit, Output, Policy, RunRecord, RunRequest, SandboxPath, Status};
+use std::sync::Arc;
+
+use airlock::audit::{AuditStore, ListFilter};
+use airlock::{Audit, BackendKind, Limit, Output, Policy, RunError, RunRecord, RunRequest, SandboxPath, Status};
 use airlock_tests::sandbox_on;
 
-/// Generates one test per backend for a case.
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {
-        $(
-            mod $case {
-                #[test]
-                fn linux() {
-                    super::$case(airlock::BackendKind::Linux)
-                }
-                #[test]
-                fn wasm() {
-                    super::$case(airlock::BackendKind::Wasm)
-                }
-            }
-        )*
-    };
-}
-
-on_both_backends!(
+airlock_tests::on_both_backends!(
     host_files_stay_out_of_reach,
     writes_never_reach_the_host,
     the_environment_holds_only_what_was_given,
@@ -38,9 +23,15 @@ on_both_backends!(
     a_flood_of_output_is_cut,
     copy_out_never_follows_a_planted_link,
     copy_in_stays_under_work,
+    the_open_file_limit_holds_and_is_reported,
+    cpu_time_is_limited_and_measured,
+    the_kill_switch_stops_a_run_at_once,
+    an_audited_run_is_in_the_store_and_one_the_store_refuses_fails,
+    nothing_of_a_run_outlives_it,
 );
 
 fn run(backend: BackendKind, policy: Policy, code: &str) -> RunRecord {
+    let _guard = airlock_tests::shared();
     sandbox_on(backend, policy).run(code)
 }
 
@@ -184,6 +175,7 @@ fn a_flood_of_output_is_cut(backend: BackendKind) {
 }
 
 fn copy_out_never_follows_a_planted_link(backend: BackendKind) {
+    let _guard = airlock_tests::shared();
     let mut sb = sandbox_on(backend, Policy::default());
     let out = |p: &str| Output { path: SandboxPath::parse(p).unwrap(), save_to: None, inline: true };
     let record = sb.run_request(&RunRequest {
@@ -199,6 +191,7 @@ fn copy_out_never_follows_a_planted_link(backend: BackendKind) {
 }
 
 fn copy_in_stays_under_work(backend: BackendKind) {
+    let _guard = airlock_tests::shared();
     let mut sb = sandbox_on(backend, Policy::default());
     for bad in ["../x", "/etc/x", "/work/../x", ""] {
         assert!(sb.write(bad, b"x").is_err(), "{bad:?}");
@@ -206,4 +199,99 @@ fn copy_in_stays_under_work(backend: BackendKind) {
     sb.write("/work/in/data.txt", b"fine").unwrap();
     let record = sb.run("print(open('/work/in/data.txt').read())");
     assert_eq!(record.stdout.trim(), "fine", "{record:?}");
+}
+
+fn the_open_file_limit_holds_and_is_reported(backend: BackendKind) {
+    let mut policy = quick(20);
+    policy.limits.open_files = 64;
+    // Opened until the kernel refuses (EMFILE; the wasm guest sees EIO,
+    // wasmtime's word for it), held a moment (the Linux backend samples
+    // every 10 ms), then let go.
+    let record = run(
+        backend,
+        policy,
+        "import time\nheld = []\ntry:\n    while True:\n        held.append(open('/dev/null'))\nexcept OSError as e:\n    n = len(held)\ntime.sleep(0.3)\nheld.clear()\nprint(n < 64, n > 40)",
+    );
+    assert_eq!(record.stdout.trim(), "True True", "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
+}
+
+fn cpu_time_is_limited_and_measured(backend: BackendKind) {
+    let mut policy = quick(20);
+    policy.limits.cpu_time = Duration::from_secs(1);
+    let started = std::time::Instant::now();
+    let record = run(backend, policy, "while True:\n    pass");
+    assert_eq!(record.status, Status::CpuLimit, "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::CpuTime));
+    assert!(record.usage.cpu_ms.is_some_and(|ms| ms >= 1000), "{:?}", record.usage);
+    assert!(started.elapsed() < Duration::from_secs(10), "stopped near the CPU limit, not the wall limit");
+    // Sleeping is not CPU.
+    let record = run(backend, quick(20), "import time\ntime.sleep(1.2)\nprint('slept')");
+    assert_eq!((record.status, record.stdout.trim()), (Status::Ok, "slept"), "{record:?}");
+    assert!(record.usage.cpu_ms.is_some_and(|ms| ms < 1000), "{:?}", record.usage);
+}
+
+fn the_kill_switch_stops_a_run_at_once(backend: BackendKind) {
+    let _guard = airlock_tests::shared();
+    let mut sb = sandbox_on(backend, quick(30));
+    let kill = sb.kill_switch();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        kill.kill();
+    });
+    let started = std::time::Instant::now();
+    let record = sb.run("while True:\n    pass");
+    killer.join().unwrap();
+    assert_eq!(record.status, Status::InternalError, "{record:?}");
+    assert!(record.message.unwrap_or_default().contains("stopped on request"));
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
+fn an_audited_run_is_in_the_store_and_one_the_store_refuses_fails(backend: BackendKind) {
+    let _guard = airlock_tests::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(AuditStore::open(&dir.path().join("audit.sqlite3")).unwrap());
+    let mut sb = sandbox_on(backend, quick(20));
+    sb.set_audit(Some(Audit { store: store.clone(), principal: Some("both".into()) }));
+    let record = sb.run("print('recorded')");
+    assert_eq!(record.status, Status::Ok, "{record:?}");
+    let stored = store.get(&record.id).unwrap().expect("the run is in the store");
+    assert_eq!((stored.record.stdout.as_str(), stored.entry.principal.as_deref()), ("recorded\n", Some("both")));
+    assert_eq!(stored.record.isolation.backend, backend.to_string());
+    // A store that cannot take the run fails it, and the record is kept whole.
+    sb.set_audit(Some(Audit { store: store.clone(), principal: Some("bad\nname".into()) }));
+    match sb.run_checked(&RunRequest::python("print('not recorded')")).map_err(|e| *e) {
+        Err(RunError::Unrecorded { record, .. }) => assert_eq!(record.stdout, "not recorded\n"),
+        other => panic!("a run the store refused was handed out: {other:?}"),
+    }
+    assert_eq!(store.list(&ListFilter::default()).unwrap().runs.len(), 1);
+    assert!(store.verify().unwrap().is_intact());
+}
+
+fn nothing_of_a_run_outlives_it(backend: BackendKind) {
+    let _alone = airlock_tests::exclusive();
+    let temp_before = airlock_temp_dirs();
+    {
+        let mut sb = sandbox_on(backend, quick(2));
+        sb.write("/work/in.txt", b"x").unwrap();
+        assert_eq!(sb.run("print(open('/work/in.txt').read())").stdout.trim(), "x");
+        assert_eq!(sb.run("while True:\n    pass").status, Status::Timeout);
+        assert_eq!(sb.run("import time\ntime.sleep(100)").status, Status::Timeout);
+    }
+    // No cgroup, no mount, no process of the runs is left, and nothing of
+    // the sandbox was ever on the host's disk.
+    airlock_tests::assert_nothing_left("");
+    assert_eq!(airlock_temp_dirs(), temp_before, "the sandbox left folders in the host's temporary directory");
+}
+
+/// What airlock made in the host's temporary directory.
+fn airlock_temp_dirs() -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("airlock-wasm"))
+        .collect();
+    found.sort();
+    found
 }

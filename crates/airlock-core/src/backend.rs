@@ -40,7 +40,7 @@ impl Probe {
                 return Err(SandboxError::Unavailable {
                     layer: *layer,
                     reason: why.clone(),
-                    degradable: airlock_policy::Layer::DEGRADABLE.contains(layer),
+                    degradable: airlock_policy::Layer::degradable_on(policy.backend).contains(layer),
                 });
             }
         }

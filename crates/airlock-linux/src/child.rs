@@ -64,7 +64,7 @@ pub fn main() -> ! {
 
 /// Moves the supervisor's socket off standard input and closes anything
 /// else the helper may have inherited.
-fn take_socket() -> std::io::Result<OwnedFd> {
+pub fn take_socket() -> std::io::Result<OwnedFd> {
     sys::close_from_except(3, -1)?;
     let socket = rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdin(), 3)?;
     let null = rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR, rustix::fs::Mode::empty())?;

@@ -91,7 +91,7 @@ fn open_through_helper(
     path: &SandboxPath,
     write: bool,
 ) -> io::Result<OwnedFd> {
-    let (mut child, ours) = crate::supervise::spawn_helper(helper)?;
+    let (mut child, ours) = crate::supervise::spawn_helper(helper, &[])?;
     let plan = OpenPlan { supervisor_pid: std::process::id() as i32, path: path.relative().to_owned(), write };
     let sent = protocol::send_request(ours.as_fd(), &Request::Open(plan), &[user_ns.as_fd(), dir]);
     let reply = sent.and_then(|()| crate::supervise::recv_within(ours.as_fd(), crate::supervise::SETUP_TIMEOUT));

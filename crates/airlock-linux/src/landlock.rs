@@ -26,10 +26,25 @@ pub enum Enforced {
 
 /// Child side: restricts this process and its future children.
 pub fn restrict(plan: &LandlockPlan) -> Result<Enforced, Failure> {
+    restrict_paths(plan, None)
+}
+
+/// Child side: as [`restrict`], and reads too are confined: to the folders
+/// in `readable` and the plan's writable places. For a sandbox without a mount namespace of
+/// its own, whose process would otherwise see every file of the host.
+pub fn restrict_reads_too(plan: &LandlockPlan, readable: &[String]) -> Result<Enforced, Failure> {
+    restrict_paths(plan, Some(readable))
+}
+
+fn restrict_paths(plan: &LandlockPlan, readable: Option<&[String]>) -> Result<Enforced, Failure> {
     let step = "apply Landlock";
     let fail = |detail: &str, e: &dyn std::fmt::Display| Failure::plain(step, format!("{detail}: {e}"));
-    let write_dir: BitFlags<AccessFs> = AccessFs::from_write(NEWEST);
-    let write_file: BitFlags<AccessFs> = AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
+    let read: BitFlags<AccessFs> = if readable.is_some() { AccessFs::from_read(NEWEST) } else { BitFlags::EMPTY };
+    let write_dir: BitFlags<AccessFs> = AccessFs::from_write(NEWEST) | read;
+    let mut write_file: BitFlags<AccessFs> = AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev;
+    if readable.is_some() {
+        write_file |= AccessFs::ReadFile;
+    }
     // Best effort: an older kernel still gets every restriction it has; only
     // no Landlock at all fails a run that requires it (checked below).
     let mut ruleset = Ruleset::default()
@@ -47,6 +62,10 @@ pub fn restrict(plan: &LandlockPlan) -> Result<Enforced, Failure> {
     for file in &plan.writable_files {
         let fd = PathFd::new(file).map_err(|e| fail(file, &e))?;
         ruleset = ruleset.add_rule(PathBeneath::new(fd, write_file)).map_err(|e| fail(file, &e))?;
+    }
+    for path in readable.unwrap_or_default() {
+        let fd = PathFd::new(path).map_err(|e| fail(path, &e))?;
+        ruleset = ruleset.add_rule(PathBeneath::new(fd, read)).map_err(|e| fail(path, &e))?;
     }
     let status = ruleset.restrict_self().map_err(|e| fail("restrict", &e))?;
     let enforced = match status.ruleset {

@@ -27,6 +27,7 @@
 mod caps;
 mod cgroup;
 pub mod child;
+pub mod confine;
 mod copy;
 mod drain;
 pub mod hostid;
@@ -112,22 +113,10 @@ impl LinuxBackend {
 
     /// Where the helper binary is.
     pub fn helper_path(&self) -> Result<PathBuf, SandboxError> {
-        if let Some(path) = &self.helper {
-            return Ok(path.clone());
+        match &self.helper {
+            Some(path) => Ok(path.clone()),
+            None => confine::find_helper(HELPER_NAME, HELPER_ENV),
         }
-        if let Some(path) = std::env::var_os(HELPER_ENV).filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(path));
-        }
-        // Beside the running program, never from PATH: whatever the helper
-        // is, the supervisor (often root) runs it to build the sandbox.
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|d| d.join(HELPER_NAME)))
-            .filter(|p| p.is_file())
-            .ok_or_else(|| SandboxError::Missing {
-                what: format!("the sandbox helper `{HELPER_NAME}`"),
-                hint: format!("install it beside the airlock program, or set {HELPER_ENV} to its path"),
-            })
     }
 }
 
@@ -171,14 +160,7 @@ impl Backend for LinuxBackend {
             binds,
         };
         let ([user_ns, mount_ns, stage, work, tmp], host_paths_shown) = setup(&helper, plan)?;
-        let files = match &host_id.mapping {
-            hostid::IdMapping::Caller => copy::FileAccess::Direct,
-            hostid::IdMapping::Reserved { uid, gid } => copy::FileAccess::ThreadFsIds { uid: *uid, gid: *gid },
-            hostid::IdMapping::Subordinate { .. } => copy::FileAccess::Helper {
-                helper: helper.clone(),
-                user_ns: user_ns.try_clone().map_err(|e| SandboxError::io("keeping the user namespace", e))?,
-            },
-        };
+        let files = confine::file_access(&host_id.mapping, &helper, &user_ns)?;
         for (name, content) in &runtime.tmp_seed {
             // Checked as a path below a directory, as those below /work are.
             let path = SandboxPath::parse(name)?;
@@ -269,7 +251,7 @@ fn hand_writable_to_sandbox(binds: &[protocol::Bind], ids: &hostid::IdMapping) -
 fn setup(helper: &Path, plan: SetupPlan) -> Result<([OwnedFd; 5], Vec<String>), SandboxError> {
     let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
     let (mut child, ours) =
-        supervise::spawn_helper(helper).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
+        supervise::spawn_helper(helper, &[]).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
     let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
     let reply = sent.and_then(|()| supervise::recv_within(ours.as_fd(), supervise::SETUP_TIMEOUT));
     if reply.is_err() {

@@ -554,16 +554,7 @@ const WRITABLE: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 pub fn build_run_root(program_files: &[(String, String)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
-    // The stage as a fresh recursive bind onto itself. Where root built it,
-    // this copy of the namespace holds it locked (a less privileged namespace
-    // may not reveal what a more privileged one mounted), and pivot_root
-    // refuses a locked new root; the top of a fresh bind is not locked, and
-    // everything below it stays so. No attribute changes: /work stays writable.
-    let step = "bind the stage onto itself";
-    let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_RECURSIVE;
-    let stage = open_tree(CWD, STAGE, flags).map_err(|e| Failure::new(step, STAGE, &e.into()))?;
-    move_mount(stage.as_fd(), "", CWD, STAGE, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
-        .map_err(|e| Failure::new(step, STAGE, &e.into()))?;
+    bind_stage_onto_itself()?;
     let proc_dir = stage_path("/proc");
     mount_fs("proc", &proc_dir, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "")
         .map_err(|e| Failure::new("mount /proc", "", &e.into()))?;
@@ -628,6 +619,20 @@ fn write_program(files: &[(String, String)], report_fifo: bool) -> Result<Option
     )
     .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
     Ok(report)
+}
+
+/// Child side, in the run's private copy of the sandbox's mount namespace:
+/// the stage as a fresh recursive bind onto itself. Where root built it,
+/// this copy of the namespace holds it locked (a less privileged namespace
+/// may not reveal what a more privileged one mounted), and pivot_root
+/// refuses a locked new root; the top of a fresh bind is not locked, and
+/// everything below it stays so. No attribute changes: /work stays writable.
+pub fn bind_stage_onto_itself() -> Result<(), Failure> {
+    let step = "bind the stage onto itself";
+    let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_RECURSIVE;
+    let stage = open_tree(CWD, STAGE, flags).map_err(|e| Failure::new(step, STAGE, &e.into()))?;
+    move_mount(stage.as_fd(), "", CWD, STAGE, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(|e| Failure::new(step, STAGE, &e.into()))
 }
 
 /// Child side: makes the stage the root and detaches the old one, so nothing

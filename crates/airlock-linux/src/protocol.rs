@@ -291,8 +291,9 @@ pub fn recv<T: DeserializeOwned>(socket: BorrowedFd<'_>) -> io::Result<Option<(T
     Ok(Some((value, fds)))
 }
 
-/// Sends a request whose body travels in a memfd.
-pub fn send_request(socket: BorrowedFd<'_>, request: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+/// Sends a request whose body travels in a memfd (a [`Request`], or the
+/// wasm worker's plan).
+pub fn send_request<T: Serialize>(socket: BorrowedFd<'_>, request: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let body = serde_json::to_vec(request).map_err(io::Error::other)?;
     let memfd = rustix::fs::memfd_create("airlock-plan", rustix::fs::MemfdFlags::CLOEXEC)?;
     let mut file = std::fs::File::from(memfd);
@@ -304,7 +305,7 @@ pub fn send_request(socket: BorrowedFd<'_>, request: &Request, fds: &[BorrowedFd
 }
 
 /// Receives the request and its descriptors (the body's memfd removed).
-pub fn recv_request(socket: BorrowedFd<'_>) -> io::Result<(Request, Vec<OwnedFd>)> {
+pub fn recv_request<T: DeserializeOwned>(socket: BorrowedFd<'_>) -> io::Result<(T, Vec<OwnedFd>)> {
     let (_, mut fds) = recv::<String>(socket)?.ok_or_else(|| io::Error::other("the supervisor hung up"))?;
     if fds.is_empty() {
         return Err(io::Error::other("the request came without its body"));

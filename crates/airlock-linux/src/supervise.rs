@@ -112,13 +112,14 @@ pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
 
 /// Starts the helper with a socket to it on its standard input. A fresh
 /// exec: the supervisor may be multi-threaded, so nothing is set up in its
-/// fork. The helper starts with an empty environment.
-pub fn spawn_helper(helper: &Path) -> io::Result<(Child, OwnedFd)> {
+/// fork. The helper starts with an empty environment and `args`.
+pub fn spawn_helper(helper: &Path, args: &[&str]) -> io::Result<(Child, OwnedFd)> {
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     let child = Command::new(helper)
         // The sandbox's init is a fork of the helper: its /proc/1/cmdline
         // shows this, never the helper's path on the host.
         .arg0(crate::HELPER_NAME)
+        .args(args)
         .env_clear()
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
@@ -243,7 +244,7 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
             (r, Some(Stdin { fd: w, rest: watch.stdin }))
         };
 
-        let (mut child, socket) = spawn_helper(helper)?;
+        let (mut child, socket) = spawn_helper(helper, &[])?;
         let sent = (|| -> io::Result<OwnedFd> {
             let pid = Pid::from_raw(child.id() as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
             let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
@@ -428,7 +429,7 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
     /// The helper's messages (a handful per run).
     fn on_socket(&mut self) {
         loop {
-            match recv_nonblocking(self.socket.as_fd()) {
+            match recv_nonblocking::<Reply>(self.socket.as_fd()) {
                 Ok(Some((reply, fds))) => self.on_reply(reply, fds),
                 Ok(None) => return,
                 Err(e) => {
@@ -575,8 +576,10 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
     }
 }
 
-/// One message if one is waiting.
-fn recv_nonblocking(socket: BorrowedFd<'_>) -> io::Result<Option<(Reply, Vec<OwnedFd>)>> {
+/// One message if one is waiting (a [`Reply`], or the wasm worker's).
+pub fn recv_nonblocking<T: serde::de::DeserializeOwned>(
+    socket: BorrowedFd<'_>,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     let mut fds = [PollFd::new(&socket, PollFlags::IN)];
     let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
     match poll(&mut fds, Some(&zero)) {

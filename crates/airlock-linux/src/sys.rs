@@ -12,6 +12,7 @@ fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
 }
 
 /// Which side of a fork-like call this process is on.
+#[derive(Debug)]
 pub enum Forked {
     Parent { pid: i32, pidfd: Option<OwnedFd> },
     Child,

@@ -116,9 +116,18 @@ impl Layer {
         }
     }
 
-    /// Layers a caller may explicitly accept to run without. The others are
-    /// the sandbox itself: without them there is nothing worth calling one.
-    pub const DEGRADABLE: [Layer; 2] = [Layer::Cgroups, Layer::Landlock];
+    /// Layers a caller may explicitly accept to run without on `backend`.
+    /// The others are the sandbox itself: without them there is nothing
+    /// worth calling one. On the wasm backend the guest's own boundary
+    /// (WebAssembly) is that; the worker process's confinement around it
+    /// (namespaces, seccomp) is a second boundary, which a host without them
+    /// may lose when the caller says so.
+    pub fn degradable_on(backend: BackendKind) -> &'static [Layer] {
+        match backend {
+            BackendKind::Linux => &[Layer::Cgroups, Layer::Landlock],
+            BackendKind::Wasm => &[Layer::Cgroups, Layer::Landlock, Layer::UserNamespace, Layer::Seccomp],
+        }
+    }
 
     /// Parses a layer name as written in records and flags.
     pub fn parse(name: &str) -> Option<Layer> {
@@ -294,12 +303,16 @@ pub enum PolicyError {
     #[error("allow_hosts entry {entry:?}: {source}")]
     BadHostRule { entry: String, source: HostRuleError },
     #[error(
-        "allow_degraded names {name:?}, which is not a layer; the layers that may be lowered are: {}",
-        degradable_names()
+        "allow_degraded names {name:?}, which is not a layer; the layers that may be lowered are: {} (linux), {} (wasm)",
+        degradable_names(BackendKind::Linux),
+        degradable_names(BackendKind::Wasm)
     )]
     UnknownLayer { name: String },
-    #[error("allow_degraded names {layer}, which cannot be lowered; only {} can", degradable_names())]
-    LayerNotDegradable { layer: Layer },
+    #[error(
+        "allow_degraded names {layer}, which the {backend} backend cannot lower; only {} can be",
+        degradable_names(*backend)
+    )]
+    LayerNotDegradable { layer: Layer, backend: BackendKind },
     #[error("backend {name:?} is unknown; use \"linux\" or \"wasm\"")]
     UnknownBackend { name: String },
     #[error("{field}: {message}")]
@@ -332,8 +345,8 @@ impl PolicyError {
     }
 }
 
-fn degradable_names() -> String {
-    Layer::DEGRADABLE.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
+fn degradable_names(backend: BackendKind) -> String {
+    Layer::degradable_on(backend).iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
 }
 
 impl Policy {
@@ -416,10 +429,10 @@ impl Policy {
                 .iter()
                 .map(|name| {
                     let layer = Layer::parse(name).ok_or_else(|| PolicyError::UnknownLayer { name: name.clone() })?;
-                    if Layer::DEGRADABLE.contains(&layer) {
+                    if Layer::degradable_on(policy.backend).contains(&layer) {
                         Ok(layer)
                     } else {
-                        Err(PolicyError::LayerNotDegradable { layer })
+                        Err(PolicyError::LayerNotDegradable { layer, backend: policy.backend })
                     }
                 })
                 .collect::<Result<_, _>>()?;
@@ -459,8 +472,9 @@ impl Policy {
         // every copy checks both.
         at_least("max_file_bytes", l.file_bytes, 1, "files of at least one byte must fit")?;
         at_least("max_files_total_bytes", l.files_total_bytes, 1, "files of at least one byte must fit")?;
-        if let Some(layer) = self.allow_degraded.iter().find(|l| !Layer::DEGRADABLE.contains(l)) {
-            return Err(PolicyError::LayerNotDegradable { layer: *layer });
+        let degradable = Layer::degradable_on(self.backend);
+        if let Some(layer) = self.allow_degraded.iter().find(|l| !degradable.contains(l)) {
+            return Err(PolicyError::LayerNotDegradable { layer: *layer, backend: self.backend });
         }
         if self.with_packages.len() > MAX_WITH_PACKAGES {
             return Err(PolicyError::Invalid {
@@ -619,6 +633,22 @@ mod tests {
             let err = Policy::from_spec(&spec, &host()).unwrap_err().to_string();
             assert!(err.contains(needle), "{err:?} should name {needle}");
         }
+    }
+
+    #[test]
+    fn what_may_be_lowered_depends_on_the_backend() {
+        let spec = |backend: &str| PolicySpec {
+            backend: Some(backend.into()),
+            allow_degraded: Some(vec!["user_namespace".into(), "seccomp".into()]),
+            ..Default::default()
+        };
+        let wasm = Policy::from_spec(&spec("wasm"), &host()).unwrap();
+        assert!(wasm.allow_degraded.contains(&Layer::UserNamespace) && wasm.allow_degraded.contains(&Layer::Seccomp));
+        let err = Policy::from_spec(&spec("linux"), &host()).unwrap_err().to_string();
+        assert!(err.contains("the linux backend cannot lower") && err.contains("cgroups, landlock"), "{err}");
+        let mut edited = wasm;
+        edited.backend = BackendKind::Linux;
+        assert!(matches!(edited.check(&host()), Err(PolicyError::LayerNotDegradable { .. })));
     }
 
     #[test]

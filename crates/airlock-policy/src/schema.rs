@@ -100,9 +100,15 @@ fn is_width_format(format: &str) -> bool {
     matches!(format, "uint8" | "uint16" | "uint32" | "uint64" | "uint" | "int32" | "int64" | "float" | "double")
 }
 
-/// `allow_degraded`'s items: the layers that may be lowered.
+/// `allow_degraded`'s items: the layers that may be lowered on some backend
+/// (the wasm backend's, a superset of the linux backend's); which of them
+/// the policy's own backend allows is checked with the backend.
 pub(crate) fn degradable_items(schema: &mut Schema) {
-    let names: Vec<&str> = Layer::DEGRADABLE.iter().map(|layer| layer.name()).collect();
+    let mut layers: Vec<Layer> = Vec::new();
+    for backend in [crate::BackendKind::Linux, crate::BackendKind::Wasm] {
+        layers.extend(Layer::degradable_on(backend).iter().filter(|l| !layers.contains(l)).collect::<Vec<_>>());
+    }
+    let names: Vec<&str> = layers.iter().map(|layer| layer.name()).collect();
     schema.insert("items".to_owned(), json!({"type": "string", "enum": names}));
 }
 
@@ -598,7 +604,7 @@ mod tests {
         assert!(!accepts(&schema, json!({"env": {"1X": "a"}})));
         assert!(!accepts(&schema, json!({"env": {"X": "a\u{0}"}})));
         assert!(!accepts(&schema, json!({"backend": "vm"})));
-        assert!(!accepts(&schema, json!({"allow_degraded": ["seccomp"]})));
+        assert!(!accepts(&schema, json!({"allow_degraded": ["pid_namespace"]})), "no backend lowers it");
         assert!(!accepts(&schema, json!({"max_connections": 0})));
         assert!(!accepts(&schema, json!({"open_files": 4294967296u64})));
     }

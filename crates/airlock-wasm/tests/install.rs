@@ -96,10 +96,11 @@ fn a_corrupt_compiled_cache_is_rebuilt_not_trusted() {
     let engine = cache::engine().unwrap();
     let path = cache::cache_path(&copy);
 
-    // Untouched: loaded as it is, without compiling.
+    // Untouched: used as it is, without compiling.
     let mut steps = Vec::new();
-    cache::load_module(&engine, &copy, &mut |s| steps.push(s)).unwrap();
+    assert_eq!(cache::ensure(&engine, &copy, &mut |s| steps.push(s)).unwrap(), path);
     assert!(steps.is_empty(), "{steps:?}");
+    cache::open(&path).unwrap();
 
     // A few bytes changed in place: detected by the hash, deleted, compiled again.
     {
@@ -108,10 +109,16 @@ fn a_corrupt_compiled_cache_is_rebuilt_not_trusted() {
         file.seek(SeekFrom::Start(fs::metadata(&path).unwrap().len() / 2)).unwrap();
         file.write_all(b"corrupt!").unwrap();
     }
+    // A worker is never handed it...
+    assert!(matches!(cache::open(&path), Err(cache::CacheError::Untrusted { .. })));
+    // ... and the next preparation compiles it again.
     let mut steps = Vec::new();
-    let module = cache::load_module(&engine, &copy, &mut |s| steps.push(s)).unwrap();
+    cache::ensure(&engine, &copy, &mut |s| steps.push(s)).unwrap();
     assert!(matches!(steps.first(), Some(InstallProgress::CacheRejected { .. })), "{steps:?}");
     assert!(steps.iter().any(|s| matches!(s, InstallProgress::Compiled { .. })), "{steps:?}");
+    // SAFETY: `open` checked the file against the record written when it was
+    // compiled, just above; nothing else writes to this private copy.
+    let module = unsafe { wasmtime::Module::deserialize_open_file(&engine, cache::open(&path).unwrap()) }.unwrap();
     assert!(module.exports().any(|e| e.name() == "run"));
     let rebuilt = fs::read(&path).unwrap();
     assert!(!rebuilt.windows(8).any(|w| w == b"corrupt!"));

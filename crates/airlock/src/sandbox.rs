@@ -198,21 +198,22 @@ impl Sandbox {
         Sandbox::with_options(SandboxOptions { policy, ..SandboxOptions::default() })
     }
 
+    /// A sandbox as `options` say. Every backend takes the same path: the
+    /// runtime for the policy's backend, the sandbox, then the audit store,
+    /// so that no backend can hand out a run the store did not see.
     pub fn with_options(options: SandboxOptions<'_>) -> Result<Sandbox, Error> {
         let extras = !options.policy.with_packages.is_empty();
-        if options.policy.backend == BackendKind::Wasm {
-            if options.image.is_some() || options.python.is_some() || extras {
-                return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
-                    backend: "wasm",
-                    what: "use an image, extra packages or a host interpreter".to_owned(),
-                    reason: "its interpreter, with its packages, is built in; images are for the linux backend"
-                        .to_owned(),
-                }));
-            }
-            return Sandbox::with_runtime(options.policy, crate::setup::wasm_runtime());
+        let wasm = options.policy.backend == BackendKind::Wasm;
+        if wasm && (options.image.is_some() || options.python.is_some() || extras) {
+            return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
+                backend: "wasm",
+                what: "use an image, extra packages or a host interpreter".to_owned(),
+                reason: "its interpreter, with its packages, is built in; images are for the linux backend".to_owned(),
+            }));
         }
         let mut cost = None;
         let runtime = match (&options.python, &options.image) {
+            _ if wasm => crate::setup::wasm_runtime(),
             (Some(_), _) if extras => return Err(no_image_for_extras()),
             (Some(python), None) => Interpreter::resolve(python)?.runtime(),
             (Some(_), Some(_)) => {

@@ -22,7 +22,7 @@ pub fn test_home() -> PathBuf {
 pub fn backend() -> &'static WasmBackend {
     static BACKEND: OnceLock<WasmBackend> = OnceLock::new();
     BACKEND.get_or_init(|| {
-        let backend = WasmBackend::new(test_home());
+        let backend = WasmBackend::with_worker(test_home(), env!("CARGO_BIN_EXE_airlock-wasm-worker"));
         backend.prepare(&mut |step| eprintln!("{step:?}")).expect("the wasm interpreter installs and loads");
         backend
     })
