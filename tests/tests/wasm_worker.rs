@@ -232,7 +232,7 @@ fn a_worker_dies_with_its_supervisor() {
 
 /// `airlock run --backend wasm --json ARGS` where no user namespace can be
 /// made: inside one whose own limit of nested namespaces is 0 (and where
-/// root is not allowed to map nobody either).
+/// root cannot take airlock's reserved ids either).
 fn run_without_user_namespaces(args: &[&str]) -> (Option<i32>, String, Option<Value>) {
     let inner = airlock_command();
     let envs: BTreeMap<String, String> = inner

@@ -15,7 +15,7 @@
 //!    on a tmpfs of its own at /.airlock, with an empty report file the
 //!    supervisor reads afterwards; pivot_root into the stage, so the
 //!    worker sees only /work, /tmp, the interpreter and five devices;
-//!    without: a plain child, as nobody when the supervisor is root;
+//!    without: a plain child, as the sandbox's own reserved-range host id when the supervisor is root;
 //! 2. rlimits; capabilities dropped and no_new_privs; Landlock (writes only
 //!    to /work, /tmp and the report file; without a mount namespace, reads
 //!    only of the stage and the interpreter too);
@@ -343,8 +343,8 @@ fn program_folder(dir: &Path, files: &[(String, String)]) -> Result<OwnedFd, Fai
         .map_err(|e| fail("open the program folder", e.into()))
 }
 
-/// Becomes host uid and gid `id` with no supplementary groups (root, without
-/// namespaces, runs the guest as nobody).
+/// Becomes host `uid` and `gid` with no supplementary groups (root, without
+/// namespaces, runs the guest as the sandbox's own reserved-range id).
 fn become_user(uid: u32, gid: u32) -> Result<(), Failure> {
     let step = "become the sandbox's user";
     rustix::thread::set_thread_groups(&[]).map_err(|e| Failure::new(step, "setgroups", &e.into()))?;
