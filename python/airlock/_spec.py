@@ -65,6 +65,9 @@ class PolicySpec(TypedDict, total=False):
     timeout_s: Optional[float]
     """Wall-clock limit, seconds (default 20)."""
 
+    with_packages: Optional[List[str]]
+    """Extra packages for the run, beyond its image, from the operator's vetted set for that image (`statsmodels`): installed once into a derived image, cached, never with network in the run. A package outside the vetted set is refused with the list of those allowed."""
+
 
 #: The bounds of each numeric field: (minimum, maximum), None where there is none.
 BOUNDS = {
