@@ -151,6 +151,9 @@ impl PolicySpec {
             let names: Vec<&str> = ceiling.allow_degraded.iter().map(|layer| layer.name()).collect();
             narrow_items(property, names.iter().map(|name| json!({"const": name})).collect());
         }
+        if let Some(property) = properties.get_mut("with_packages") {
+            narrow_items(property, ceiling.with_packages.iter().map(|name| json!({"const": name})).collect());
+        }
         if let Some(property) = properties.get_mut("allow_hosts") {
             narrow_items(property, ceiling.network.allow.iter().flat_map(host_choices).collect());
         }
