@@ -157,6 +157,9 @@ impl PolicySpec {
             let names: Vec<&str> = ceiling.allow_degraded.iter().map(|layer| layer.name()).collect();
             narrow_items(property, names.iter().map(|name| json!({"const": name})).collect());
         }
+        if let Some(property) = properties.get_mut("with_packages") {
+            narrow_items(property, ceiling.with_packages.iter().map(|name| json!({"const": name})).collect());
+        }
         if let Some(property) = properties.get_mut("allow_hosts") {
             narrow_items(property, ceiling.network.allow.iter().flat_map(host_choices).collect());
         }
@@ -396,10 +399,16 @@ impl Validator<'_> {
                 }
             }
             if let Some(error) = first {
-                return Err(if choices.len() == 1 {
-                    error
-                } else {
-                    violation(at, "matches none of the allowed forms")
+                // A nullable field (`X or null`) given a value that is not
+                // null: what is wrong with it is what X says.
+                let not_null: Vec<&Value> = choices
+                    .iter()
+                    .filter(|choice| choice.get("type").and_then(Value::as_str) != Some("null"))
+                    .collect();
+                return Err(match (choices.len(), not_null.as_slice()) {
+                    (1, _) => error,
+                    (_, [only]) if !value.is_null() => self.check(only, value, at).err().unwrap_or(error),
+                    _ => violation(at, "matches none of the allowed forms"),
                 });
             }
         }

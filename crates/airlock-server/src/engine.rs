@@ -228,7 +228,7 @@ impl Engine {
         // Killed by us rather than ended by itself: say so, apart from failures.
         let stopped = stop.get().copied().or(self.killing.load(Ordering::SeqCst).then_some(StopReason::Shutdown));
         match stopped {
-            Some(why) if record.status == Status::SandboxError => {
+            Some(why) if matches!(record.status, Status::SandboxError | Status::InternalError) => {
                 Err(RunError::Stopped { run_id: record.id.clone(), why, record: Box::new(record) })
             }
             _ => Ok(record),

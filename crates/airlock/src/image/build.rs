@@ -130,15 +130,11 @@ impl ImageStore {
             return Ok(Built { image, reused: true, records: Vec::new() });
         }
 
-        let backend = self.build_backend()?;
-        let audit = self.build_audit()?;
-        let steps = Steps { backend, audit: audit.as_ref(), host: backend.probe()?.host };
-        let index = self.index()?;
-        let cache = FileCache { root: self.cache_dir().join("files") };
-        let uv_root = self.cache_dir().join("uv");
+        let tools = self.toolbox()?;
+        let (steps, index, cache, uv_root) = (tools.steps(), &tools.index, &tools.cache, &tools.uv_root);
         let mut wanted: Vec<Wanted> =
             selected.iter().map(|s| Wanted { package: s.name.clone(), file: s.file.clone() }).collect();
-        wanted.extend(uv::wanted(&uv_root)?);
+        wanted.extend(uv::wanted(uv_root)?);
         progress(BuildEvent::Step {
             index: 2,
             total: STEPS,
@@ -149,12 +145,11 @@ impl ImageStore {
                 index.source
             ),
         });
-        let mut records: Vec<RunRecord> =
-            fetch::ensure(&cache, &wanted, &index, &python, &steps)?.into_iter().collect();
+        let mut records: Vec<RunRecord> = fetch::ensure(cache, &wanted, index, &python, &steps)?.into_iter().collect();
         for (i, w) in wanted.iter().enumerate() {
             progress(BuildEvent::Package { index: i + 1, total: wanted.len(), name: w.file.file_name.clone() });
         }
-        let uv = uv::binary_dir(&uv_root, &cache)?;
+        let uv = uv::binary_dir(uv_root, cache)?;
 
         progress(BuildEvent::Step {
             index: 3,
@@ -162,10 +157,20 @@ impl ImageStore {
             what: format!("installing {} packages in a sandbox (Python {})", selected.len(), python.version),
         });
         let staging = self.root.join(format!(".build-{hash}-{}-{}", std::process::id(), fetch::unique()));
-        let made =
-            self.make(&staging, &python, &selected, &cache, &uv, &index, &steps, &mut records, progress, |tree| {
-                fs::write(tree.join("lock.toml"), &options.lock)
-            });
+        let made = self.make(
+            &staging,
+            "venv",
+            Target::Venv,
+            &python,
+            &selected,
+            cache,
+            &uv,
+            index,
+            &steps,
+            &mut records,
+            progress,
+            |tree| fs::write(tree.join("lock.toml"), &options.lock),
+        );
         let manifest = match made {
             Ok(made) => Manifest {
                 format: FORMAT,
@@ -226,40 +231,11 @@ impl ImageStore {
         Ok(None)
     }
 
-    /// Makes `staging` with the installed tree in `staging/<tree>`, extra
-    /// host-written files from `extra`, sealed and listed.
+    /// Makes `staging` with the installed tree in `staging/<tree_name>`
+    /// (a venv, or a derived image's layer), extra host-written files from
+    /// `extra`, sealed and listed.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn make(
-        &self,
-        staging: &Path,
-        python: &Interpreter,
-        selected: &[Selected],
-        cache: &FileCache,
-        uv: &Path,
-        index: &PackageIndex,
-        steps: &Steps<'_>,
-        records: &mut Vec<RunRecord>,
-        progress: &mut dyn FnMut(BuildEvent),
-        extra: impl FnOnce(&Path) -> std::io::Result<()>,
-    ) -> Result<Sealed, Error> {
-        self.make_target(
-            staging,
-            "venv",
-            Target::Venv,
-            python,
-            selected,
-            cache,
-            uv,
-            index,
-            steps,
-            records,
-            progress,
-            extra,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn make_target(
         &self,
         staging: &Path,
         tree_name: &str,

@@ -13,10 +13,9 @@ use airlock_core::Runtime;
 use airlock_policy::RunRecord;
 
 use super::build::{Target, image_hash, packages};
-use super::fetch::{self, FileCache, Wanted};
+use super::fetch::{self, Wanted};
 use super::lock::{Lock, LockedPackage};
 use super::manifest::{FORMAT, ImageLink, Manifest};
-use super::step::Steps;
 use super::tags::normalize;
 use super::uv::{self, UV_VERSION};
 use super::{BuildEvent, DEFAULT_IMAGE, DEFAULT_VETTED, Image, ImageStore, LAYER_MOUNT, MANIFEST};
@@ -124,23 +123,19 @@ impl ImageStore {
             return Ok(PreparedImage { image, cached: true, wall_ms: elapsed(), records: Vec::new() });
         }
 
-        let backend = self.build_backend()?;
-        let audit = self.build_audit()?;
-        let steps = Steps { backend, audit: audit.as_ref(), host: backend.probe()?.host };
-        let index = self.index()?;
-        let cache = FileCache { root: self.cache_dir().join("files") };
-        let uv_root = self.cache_dir().join("uv");
+        let tools = self.toolbox()?;
+        let (steps, index, cache, uv_root) = (tools.steps(), &tools.index, &tools.cache, &tools.uv_root);
         let mut fetch_list: Vec<Wanted> =
             selected.iter().map(|s| Wanted { package: s.name.clone(), file: s.file.clone() }).collect();
-        fetch_list.extend(uv::wanted(&uv_root)?);
+        fetch_list.extend(uv::wanted(uv_root)?);
         progress(BuildEvent::Step {
             index: 2,
             total: 4,
             what: format!("fetching {} files for {name} in a sandbox, each checked against its hash", fetch_list.len()),
         });
         let mut records: Vec<RunRecord> =
-            fetch::ensure(&cache, &fetch_list, &index, python, &steps)?.into_iter().collect();
-        let uv = uv::binary_dir(&uv_root, &cache)?;
+            fetch::ensure(cache, &fetch_list, index, python, &steps)?.into_iter().collect();
+        let uv = uv::binary_dir(uv_root, cache)?;
         progress(BuildEvent::Step {
             index: 3,
             total: 4,
@@ -148,15 +143,15 @@ impl ImageStore {
         });
         let staging = self.root.join(format!(".build-{hash}-{}-{}", std::process::id(), fetch::unique()));
         let base_venv = base.dir.join("venv");
-        let made = self.make_target(
+        let made = self.make(
             &staging,
             "layer",
             Target::Layer { base: &base_venv },
             python,
             &selected,
-            &cache,
+            cache,
             &uv,
-            &index,
+            index,
             &steps,
             &mut records,
             progress,

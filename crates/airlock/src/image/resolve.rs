@@ -9,9 +9,9 @@ use airlock_core::RuntimeMount;
 use airlock_policy::RunRecord;
 
 use super::ImageStore;
-use super::fetch::{self, FileCache, shell_quote};
+use super::fetch::{self, shell_quote};
 use super::lock::{Lock, dependencies_from_annotations};
-use super::step::{Step, StepLimits, Steps};
+use super::step::{Step, StepLimits};
 use super::uv::{self, UV_DIR, UV_VERSION};
 use crate::Error;
 use crate::interpreter::Interpreter;
@@ -44,15 +44,11 @@ impl ImageStore {
         let fail = |reason: String| Error::ImageBuild { name: String::new(), reason: format!("locking: {reason}") };
         let python = Interpreter::resolve(&options.python)?;
         let base = options.base.as_deref().map(Lock::parse).transpose()?;
-        let backend = self.build_backend()?;
-        let audit = self.build_audit()?;
-        let steps = Steps { backend, audit: audit.as_ref(), host: backend.probe()?.host };
-        let index = self.index()?;
-        let cache = FileCache { root: self.cache_dir().join("files") };
-        let uv_root = self.cache_dir().join("uv");
-        let wanted: Vec<_> = uv::wanted(&uv_root)?.into_iter().collect();
-        fetch::ensure(&cache, &wanted, &index, &python, &steps)?;
-        let uv = uv::binary_dir(&uv_root, &cache)?;
+        let tools = self.toolbox()?;
+        let (steps, index, cache, uv_root) = (tools.steps(), &tools.index, &tools.cache, &tools.uv_root);
+        let wanted: Vec<_> = uv::wanted(uv_root)?.into_iter().collect();
+        fetch::ensure(cache, &wanted, index, &python, &steps)?;
+        let uv = uv::binary_dir(uv_root, cache)?;
 
         let mut runtime = python.runtime();
         runtime.describe = "an image lock's resolve step".to_owned();

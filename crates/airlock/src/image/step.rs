@@ -20,6 +20,38 @@ pub(crate) struct Steps<'a> {
     pub host: HostFacts,
 }
 
+/// What every build gathers before its steps, in one place: where the
+/// steps run and are recorded, the package index, the file cache and uv's
+/// folder.
+pub(crate) struct Toolbox {
+    pub backend: &'static dyn Backend,
+    pub audit: Option<Audit>,
+    pub host: HostFacts,
+    pub index: super::PackageIndex,
+    pub cache: super::fetch::FileCache,
+    pub uv_root: std::path::PathBuf,
+}
+
+impl Toolbox {
+    pub(crate) fn steps(&self) -> Steps<'_> {
+        Steps { backend: self.backend, audit: self.audit.as_ref(), host: self.host }
+    }
+}
+
+impl super::ImageStore {
+    pub(crate) fn toolbox(&self) -> Result<Toolbox, crate::Error> {
+        let backend = self.build_backend()?;
+        Ok(Toolbox {
+            backend,
+            audit: self.build_audit()?,
+            host: backend.probe()?.host,
+            index: self.index()?,
+            cache: super::fetch::FileCache { root: self.cache_dir().join("files") },
+            uv_root: self.cache_dir().join("uv"),
+        })
+    }
+}
+
 /// What a step may use.
 #[derive(Clone, Debug)]
 pub(crate) struct StepLimits {
