@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Optional, Union
@@ -68,6 +69,11 @@ class Sandbox:
     :param image: the runtime image: ``"python-data"`` (numpy, pandas,
         matplotlib, scipy; built on first use, which takes about a minute and
         needs the package index) or one built with ``airlock image build``.
+    :param audit: record every run in the hash-chained audit store: ``True``
+        for airlock's own (``audit.sqlite3`` in its data folder), or the path
+        of a store. Default: as ``AIRLOCK_AUDIT=1`` in the environment says.
+        A run the store cannot take raises ``SandboxError`` (its ``result``
+        holds the record): no run is handed out unrecorded.
     :raises PolicyError: a setting cannot be used; the message says which and why.
     :raises SandboxUnavailable: this host cannot give the isolation asked for.
     """
@@ -95,6 +101,7 @@ class Sandbox:
         allow_degraded: Optional[Iterable[str]] = None,
         with_packages: Optional[Iterable[str]] = None,
         image: str = "python-data",
+        audit: Union[bool, str, "os.PathLike[str]", None] = None,
     ) -> None:
         settings: dict[str, Any] = {
             "network": _allowed_hosts(network),
@@ -121,7 +128,7 @@ class Sandbox:
             raise PolicyError(f"image must be the name of an image, such as 'python-data' (got {image!r})")
         spec = {_RENAMED.get(name, name): value for name, value in settings.items() if value is not None}
         try:
-            self._native = _native.Sandbox(_to_json(spec), image)
+            self._native = _native.Sandbox(_to_json(spec), image, _audit_store(audit))
         except PolicyError as error:
             raise PolicyError(_in_keyword_terms(str(error))) from None
         self._image = image
@@ -277,6 +284,31 @@ def _strings(name: str, values: Optional[Iterable[str]]) -> Optional[list[str]]:
         if not isinstance(item, str):
             raise PolicyError(f"{name} takes a list of strings; {item!r} is not one")
     return items
+
+
+_AUDIT_ENV = "AIRLOCK_AUDIT"
+
+
+def _audit_store(audit: Union[bool, str, "os.PathLike[str]", None]) -> Optional[str]:
+    """The audit store for the native side: ``None`` for none, ``""`` for
+    airlock's own, else its path. Unset, ``AIRLOCK_AUDIT`` decides, as it does
+    for ``airlock run``."""
+    if audit is None:
+        value = os.environ.get(_AUDIT_ENV, "")
+        if value in ("", "0", "false", "no"):
+            return None
+        if value in ("1", "true", "yes"):
+            return ""
+        raise PolicyError(f"{_AUDIT_ENV}={value!r}: use 1 to record runs, 0 not to")
+    if audit is True:
+        return ""
+    if audit is False:
+        return None
+    if isinstance(audit, (str, os.PathLike)):
+        path = os.fspath(audit)
+        if isinstance(path, str) and path:
+            return path
+    raise PolicyError(f"audit takes True, False or the path of an audit store (got {audit!r})")
 
 
 def _mapping(name: str, values: Optional[Mapping[str, str]]) -> Optional[dict[str, str]]:

@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
+use airlock::audit::AuditStore;
 use airlock::image::BuildEvent;
-use airlock::{Backend, KillSwitch, Language, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxPath};
+use airlock::{Audit, Backend, KillSwitch, Language, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxPath};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
@@ -51,10 +52,12 @@ const SIGNAL_POLL: Duration = Duration::from_millis(100);
 #[pymethods]
 impl NativeSandbox {
     /// Makes a sandbox from a `PolicySpec` (JSON) running image `image`,
-    /// building the default image first if it does not exist yet.
+    /// building the default image first if it does not exist yet, recording
+    /// every run in the audit store at `audit` (`""`: airlock's own).
     #[new]
-    fn new(py: Python<'_>, spec_json: &str, image: &str) -> PyResult<NativeSandbox> {
-        let sandbox = py.detach(|| create(spec_json, image)).map_err(|f| f.into_py(py))?;
+    #[pyo3(signature = (spec_json, image, audit=None))]
+    fn new(py: Python<'_>, spec_json: &str, image: &str, audit: Option<&str>) -> PyResult<NativeSandbox> {
+        let sandbox = py.detach(|| create(spec_json, image, audit)).map_err(|f| f.into_py(py))?;
         let kill = sandbox.kill_switch();
         Ok(NativeSandbox { sandbox: Mutex::new(Some(sandbox)), kill, stopped: AtomicBool::new(false) })
     }
@@ -183,9 +186,12 @@ impl NativeSandbox {
             Ok(Ok(record)) => Ok(native_result(&record)),
             Ok(Err(failure)) => match *failure {
                 RunError::Sandbox { error, record } => Err((Failure::from(error), Some(native_result(&record)))),
-                // The package sets no audit store, so this cannot happen; if it
-                // does, the run happened: hand it out.
-                RunError::Unrecorded { record, .. } => Ok(native_result(&record)),
+                // Never handed out as if it were recorded: raised, the record
+                // beside the error.
+                RunError::Unrecorded { record, error } => {
+                    let message = format!("run {} was NOT recorded in the audit store: {error}", record.id);
+                    Err((Failure::new(Kind::Sandbox, message), Some(native_result(&record))))
+                }
             },
         }
     }
@@ -205,13 +211,28 @@ impl NativeSandbox {
     }
 }
 
-fn create(spec_json: &str, image: &str) -> Result<airlock::Sandbox, Failure> {
+fn create(spec_json: &str, image: &str, audit: Option<&str>) -> Result<airlock::Sandbox, Failure> {
     let spec = parse_spec(spec_json)?;
     let backend = helper::backend()?;
     let policy = Policy::from_spec(&spec, &backend.probe()?.host).map_err(airlock::Error::from)?;
+    let audit = audit.map(open_audit).transpose()?;
     let mut progress = |event: BuildEvent| log_build(&event);
     let runtime = airlock::resolve_runtime(policy.backend, Some(image), None, &mut progress)?;
-    Ok(airlock::Sandbox::with_backend(backend, policy, runtime)?)
+    let mut sandbox = airlock::Sandbox::with_backend(backend, policy, runtime)?;
+    sandbox.set_audit(audit);
+    Ok(sandbox)
+}
+
+/// The audit store at `path`, or airlock's own for `""`.
+fn open_audit(path: &str) -> Result<Audit, Failure> {
+    let path = match path {
+        "" => AuditStore::default_path(),
+        given => Ok(std::path::PathBuf::from(given)),
+    };
+    let store = path.and_then(|p| AuditStore::open(&p)).map_err(|e| {
+        Failure::new(Kind::Sandbox, format!("opening the audit store: {e}; pass audit= the path of a writable store"))
+    })?;
+    Ok(Audit { store: std::sync::Arc::new(store), principal: None })
 }
 
 /// The `PolicySpec` in `spec_json`, checked against the spec's schema (the
