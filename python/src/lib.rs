@@ -19,7 +19,10 @@ use std::time::Duration;
 
 use airlock::audit::AuditStore;
 use airlock::image::BuildEvent;
-use airlock::{Audit, Backend, KillSwitch, Language, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxPath};
+use airlock::{
+    Audit, Backend, KillSwitch, Language, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxOptions,
+    SandboxPath,
+};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
@@ -217,10 +220,14 @@ fn create(spec_json: &str, image: &str, audit: Option<&str>) -> Result<airlock::
     let policy = Policy::from_spec(&spec, &backend.probe()?.host).map_err(airlock::Error::from)?;
     let audit = audit.map(open_audit).transpose()?;
     let mut progress = |event: BuildEvent| log_build(&event);
-    let runtime = airlock::resolve_runtime(policy.backend, Some(image), None, &mut progress)?;
-    let mut sandbox = airlock::Sandbox::with_backend(backend, policy, runtime)?;
-    sandbox.set_audit(audit);
-    Ok(sandbox)
+    Ok(airlock::Sandbox::with_options(SandboxOptions {
+        policy,
+        image: Some(image.to_owned()),
+        on_build: Some(&mut progress),
+        audit,
+        backend: Some(backend),
+        ..SandboxOptions::default()
+    })?)
 }
 
 /// The audit store at `path`, or airlock's own for `""`.

@@ -15,8 +15,7 @@ use airlock_wasm::WasmBackend;
 use base64::Engine;
 
 use crate::Error;
-use crate::image::{BuildEvent, DEFAULT_IMAGE, ImageStore};
-use crate::interpreter::Interpreter;
+use crate::image::{BuildEvent, ImageStore};
 
 /// The backend for `kind`, made once per process.
 pub fn backend_for(kind: BackendKind) -> Result<&'static dyn Backend, Error> {
@@ -43,7 +42,14 @@ pub fn install_wasm_backend() -> Result<(), Error> {
     Ok(wasm_backend()?.prepare(&mut airlock_wasm::progress_on_stderr)?)
 }
 
-fn no_image_for_extras() -> Error {
+fn no_image_for_extras(backend: BackendKind) -> Error {
+    if backend == BackendKind::Wasm {
+        return Error::Sandbox(airlock_core::SandboxError::Unsupported {
+            backend: "wasm",
+            what: "add extra packages (with_packages)".to_owned(),
+            reason: "its interpreter, with its packages, is built in; images are for the linux backend".to_owned(),
+        });
+    }
     Error::Sandbox(airlock_core::SandboxError::Unsupported {
         backend: "airlock",
         what: "add extra packages (with_packages) to a host interpreter".to_owned(),
@@ -199,56 +205,27 @@ impl Sandbox {
     }
 
     /// A sandbox as `options` say. Every backend takes the same path: the
-    /// runtime for the policy's backend, the sandbox, then the audit store,
-    /// so that no backend can hand out a run the store did not see.
+    /// runtime for the policy's backend ([`crate::resolve_runtime`]), its
+    /// extra packages, the sandbox, then the audit store, so that no backend
+    /// can hand out a run the store did not see.
     pub fn with_options(options: SandboxOptions<'_>) -> Result<Sandbox, Error> {
-        let extras = !options.policy.with_packages.is_empty();
-        let wasm = options.policy.backend == BackendKind::Wasm;
-        if wasm && (options.image.is_some() || options.python.is_some() || extras) {
-            return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
-                backend: "wasm",
-                what: "use an image, extra packages or a host interpreter".to_owned(),
-                reason: "its interpreter, with its packages, is built in; images are for the linux backend".to_owned(),
-            }));
-        }
-        let mut cost = None;
-        let runtime = match (&options.python, &options.image) {
-            _ if wasm => crate::setup::wasm_runtime(),
-            (Some(_), _) if extras => return Err(no_image_for_extras()),
-            (Some(python), None) => Interpreter::resolve(python)?.runtime(),
-            (Some(_), Some(_)) => {
-                return Err(Error::ImageBuild {
-                    name: String::new(),
-                    reason: "choose an image or an interpreter, not both".to_owned(),
-                });
-            }
-            (None, image) => {
-                let store = match options.images {
-                    Some(store) => store,
-                    None => ImageStore::open_default()?,
-                };
-                let name = image.as_deref().unwrap_or(DEFAULT_IMAGE);
-                let mut quiet = |_: BuildEvent| {};
-                let progress: &mut dyn FnMut(BuildEvent) = match options.on_build {
-                    Some(p) => p,
-                    None => &mut quiet,
-                };
-                let image = store.get_or_build_default(name, progress)?;
-                if extras {
-                    let packages: Vec<String> = options.policy.with_packages.iter().cloned().collect();
-                    let prepared = store.with_packages(&image, &packages, progress)?;
-                    cost = Some((prepared.wall_ms, prepared.cached));
-                    prepared.image.runtime()
-                } else {
-                    image.runtime()
-                }
-            }
+        let mut quiet = |_: BuildEvent| {};
+        let progress: &mut dyn FnMut(BuildEvent) = match options.on_build {
+            Some(p) => p,
+            None => &mut quiet,
         };
+        let runtime = crate::setup::resolve_runtime_in(
+            options.images.as_ref(),
+            options.policy.backend,
+            options.image.as_deref(),
+            options.python.as_deref(),
+            progress,
+        )?;
         let backend = match options.backend {
             Some(backend) => backend,
             None => backend_for(options.policy.backend)?,
         };
-        let mut sandbox = Sandbox::create(backend, options.policy, runtime, cost)?;
+        let mut sandbox = Sandbox::with_extras(backend, options.policy, runtime, options.images, progress)?;
         sandbox.set_audit(options.audit);
         Ok(sandbox)
     }
@@ -263,11 +240,27 @@ impl Sandbox {
     /// packages, the runtime must come from an image in airlock's data
     /// directory: the image with them is found or built first.
     pub fn with_backend(backend: &dyn Backend, policy: Policy, runtime: Runtime) -> Result<Sandbox, Error> {
+        Sandbox::with_extras(backend, policy, runtime, None, &mut |_| {})
+    }
+
+    /// The sandbox, once the runtime has the policy's extra packages: the
+    /// image they extend is taken from `store` (airlock's own when `None`)
+    /// and must still be the one the runtime was made from.
+    fn with_extras(
+        backend: &dyn Backend,
+        policy: Policy,
+        runtime: Runtime,
+        store: Option<ImageStore>,
+        progress: &mut dyn FnMut(BuildEvent),
+    ) -> Result<Sandbox, Error> {
         if policy.with_packages.is_empty() {
             return Sandbox::create(backend, policy, runtime, None);
         }
-        let Some(image) = &runtime.image else { return Err(no_image_for_extras()) };
-        let store = ImageStore::open_default()?;
+        let Some(image) = &runtime.image else { return Err(no_image_for_extras(policy.backend)) };
+        let store = match store {
+            Some(store) => store,
+            None => ImageStore::open_default()?,
+        };
         let base = store.get(&image.name)?;
         if base.manifest.hash != image.hash {
             return Err(Error::ImageCorrupt {
@@ -276,7 +269,7 @@ impl Sandbox {
             });
         }
         let packages: Vec<String> = policy.with_packages.iter().cloned().collect();
-        let prepared = store.with_packages(&base, &packages, &mut |_| {})?;
+        let prepared = store.with_packages(&base, &packages, progress)?;
         let runtime = prepared.image.runtime();
         Sandbox::create(backend, policy, runtime, Some((prepared.wall_ms, prepared.cached)))
     }

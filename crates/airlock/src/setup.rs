@@ -38,6 +38,18 @@ pub fn resolve_runtime(
     python: Option<&str>,
     on_build: &mut dyn FnMut(BuildEvent),
 ) -> Result<Runtime, Error> {
+    resolve_runtime_in(None, backend, image, python, on_build)
+}
+
+/// [`resolve_runtime`], taking images from `store` (airlock's own when
+/// `None`).
+pub(crate) fn resolve_runtime_in(
+    store: Option<&ImageStore>,
+    backend: BackendKind,
+    image: Option<&str>,
+    python: Option<&str>,
+    on_build: &mut dyn FnMut(BuildEvent),
+) -> Result<Runtime, Error> {
     match (backend, python, image) {
         (BackendKind::Wasm, None, None) => Ok(wasm_runtime()),
         (BackendKind::Wasm, _, _) => Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
@@ -52,7 +64,11 @@ pub fn resolve_runtime(
         (BackendKind::Linux, Some(python), None) => Ok(Interpreter::resolve(python)?.runtime()),
         (BackendKind::Linux, None, image) => {
             let name = image.unwrap_or(DEFAULT_IMAGE);
-            Ok(ImageStore::open_default()?.get_or_build_default(name, on_build)?.runtime())
+            let image = match store {
+                Some(store) => store.get_or_build_default(name, on_build)?,
+                None => ImageStore::open_default()?.get_or_build_default(name, on_build)?,
+            };
+            Ok(image.runtime())
         }
     }
 }
