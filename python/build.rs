@@ -1,47 +1,79 @@
-//! Builds the sandbox helper, `airlock-init`, so that the extension module
-//! can carry it: `pip install ./python` then needs nothing beside the wheel.
+//! Provides the binaries the extension module carries, so that `pip install
+//! ./python` needs nothing beside the wheel: today the sandbox helper,
+//! `airlock-init`. Every binary in [`SHIPPED`] is found the same way:
 //!
-//! Cargo cannot depend on another package's binary, so this runs a second
-//! cargo on the helper's package, in a target folder of its own (the outer
-//! build holds a lock on its own), for the same target triple, in release.
+//! 1. the workspace's own build of it (`cargo build --release` puts it in
+//!    the same profile folder this build uses), when it is newer than every
+//!    source it is built from: the usual case, and it costs nothing;
+//! 2. else a build of its package here, in `target/shipped-binaries` (kept
+//!    between builds, so a rebuild is warm), for the same target triple.
+//!
+//! Either way the copy is stripped of symbols and debug info: it travels
+//! inside the module. Cargo cannot depend on another package's binary, and a
+//! nested cargo cannot use this build's target folder (this build holds its
+//! lock), hence the folder of its own.
 
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::SystemTime;
+
+/// (package, binary, sources it is built from, below the workspace).
+const SHIPPED: &[(&str, &str, &[&str])] = &[(
+    "airlock-linux",
+    "airlock-init",
+    &["crates/airlock-linux", "crates/airlock-core", "crates/airlock-policy", "crates/airlock-net", "Cargo.lock"],
+)];
 
 fn main() {
-    if let Err(message) = build_helper() {
-        // A build script reports failure by panicking; say what to do.
-        panic!("building the sandbox helper airlock-init failed: {message}");
+    for (package, binary, sources) in SHIPPED {
+        if let Err(message) = provide(package, binary, sources) {
+            // A build script reports failure by panicking; say what to do.
+            panic!("providing {binary} for the Python package failed: {message}");
+        }
     }
 }
 
-fn build_helper() -> Result<(), String> {
+fn provide(package: &str, binary: &str, sources: &[&str]) -> Result<(), String> {
     let var = |name: &str| env::var(name).map_err(|_| format!("cargo did not set {name}"));
     let manifest_dir = PathBuf::from(var("CARGO_MANIFEST_DIR")?);
     let out_dir = PathBuf::from(var("OUT_DIR")?);
-    let target = var("TARGET")?;
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-
     let workspace = manifest_dir.parent().ok_or("the crate has no parent folder")?;
-    let helper_manifest = workspace.join("crates/airlock-linux/Cargo.toml");
-    if !helper_manifest.is_file() {
+    let manifest = workspace.join("crates").join(package).join("Cargo.toml");
+    if !manifest.is_file() {
         return Err(format!(
             "{} is missing: build the package from a checkout of the airlock repository",
-            helper_manifest.display()
+            manifest.display()
         ));
     }
-    for watched in ["crates/airlock-linux", "crates/airlock-core", "crates/airlock-policy", "Cargo.lock"] {
-        println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
+    for source in sources {
+        println!("cargo:rerun-if-changed={}", workspace.join(source).display());
     }
+    // OUT_DIR is <profile folder>/build/<package>-<hash>/out.
+    let profile_dir = out_dir.ancestors().nth(3).ok_or("OUT_DIR is not where cargo puts it")?;
+    let workspace_build = profile_dir.join(binary);
+    println!("cargo:rerun-if-changed={}", workspace_build.display());
+    let newest_source = sources.iter().filter_map(|s| newest(&workspace.join(s))).max();
+    let fresh = modified(&workspace_build).zip(newest_source).is_some_and(|(built, source)| built > source);
+    let built = if fresh { workspace_build } else { build_here(&manifest, binary, profile_dir)? };
+    let shipped = out_dir.join(binary);
+    std::fs::copy(&built, &shipped)
+        .map_err(|e| format!("copying {} to {}: {e}", built.display(), shipped.display()))?;
+    // Strip when a strip is there; an unstripped helper works the same.
+    let _ = Command::new("strip").arg(&shipped).status();
+    Ok(())
+}
 
-    let target_dir = out_dir.join("helper-target");
+fn build_here(manifest: &Path, binary: &str, profile_dir: &Path) -> Result<PathBuf, String> {
+    let target = env::var("TARGET").map_err(|_| "cargo did not set TARGET")?;
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let target_dir = profile_dir.parent().unwrap_or(profile_dir).join("shipped-binaries");
     let status = Command::new(&cargo)
         .arg("build")
         .arg("--release")
         .arg("--manifest-path")
-        .arg(&helper_manifest)
-        .args(["--bin", "airlock-init", "--target", &target])
+        .arg(manifest)
+        .args(["--bin", binary, "--target", &target])
         .arg("--target-dir")
         .arg(&target_dir)
         // The outer build's flags and wrappers are for the extension module
@@ -50,18 +82,25 @@ fn build_helper() -> Result<(), String> {
         .env_remove("RUSTFLAGS")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("CLIPPY_ARGS")
-        // It travels inside the extension module: no symbols, no debug info.
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
         .status()
         .map_err(|e| format!("running {cargo}: {e}"))?;
     if !status.success() {
-        return Err(format!("`{cargo} build -p airlock-linux --bin airlock-init` exited with {status}"));
+        return Err(format!(
+            "`{cargo} build --manifest-path {} --bin {binary}` exited with {status}",
+            manifest.display()
+        ));
     }
-    let built = target_dir.join(&target).join("release/airlock-init");
-    copy(&built, &out_dir.join("airlock-init"))
+    Ok(target_dir.join(&target).join("release").join(binary))
 }
 
-fn copy(from: &Path, to: &Path) -> Result<(), String> {
-    std::fs::copy(from, to).map(drop).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time of `path` or anything below it.
+fn newest(path: &Path) -> Option<SystemTime> {
+    let own = modified(path);
+    let below = std::fs::read_dir(path).into_iter().flatten().flatten().filter_map(|entry| newest(&entry.path())).max();
+    own.into_iter().chain(below).max()
 }

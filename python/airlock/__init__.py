@@ -18,7 +18,7 @@ run returns a ``RunResult`` carrying its code and the whole run record.
 from importlib.metadata import PackageNotFoundError, version
 
 from ._errors import ArtifactError, PolicyError, SandboxError, SandboxUnavailable
-from ._result import ErrorInfo, Figure, RunResult, Usage
+from ._result import DisplayData, ErrorInfo, Figure, RunResult, Usage
 from ._sandbox import Sandbox
 
 try:
@@ -28,6 +28,7 @@ except PackageNotFoundError:  # imported from a source tree, not installed
 
 __all__ = [
     "ArtifactError",
+    "DisplayData",
     "ErrorInfo",
     "Figure",
     "PolicyError",

@@ -53,12 +53,47 @@ class Figure:
         return f"Figure(name={self.name!r}, width={self.width}, height={self.height}, png=<{len(self.png)} bytes>)"
 
 
+@dataclass(frozen=True, repr=False)
+class DisplayData:
+    """A rich result, as a notebook shows it: one object passed to
+    ``display()`` (``kind == "display"``) or the last expression's value
+    (``kind == "value"``), in several representations keyed by MIME type:
+    ``text/plain`` always, and ``text/html``, ``text/markdown``,
+    ``image/png``... when the object has them. A notebook displays it as it
+    is (``_repr_mimebundle_``).
+    """
+
+    kind: str
+    data: dict[str, str]
+
+    @property
+    def text(self) -> str:
+        return self.data.get("text/plain", "")
+
+    @property
+    def html(self) -> Optional[str]:
+        return self.data.get("text/html")
+
+    @property
+    def png(self) -> Optional[bytes]:
+        png = self.data.get("image/png")
+        return base64.b64decode(png) if png is not None else None
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return dict(self.data)
+
+    def __repr__(self) -> str:
+        return f"DisplayData(kind={self.kind!r}, types={sorted(self.data)!r}, text={self.text[:60]!r})"
+
+
 class RunResult:
     """What one run did.
 
     ``ok`` is true when the code exited 0 within every limit. ``status`` says
     how the run ended in one word: ``ok``, ``failed``, ``timeout``,
-    ``memory_limit``, ``cpu_limit``, ``output_limit`` or ``sandbox_error``;
+    ``memory_limit``, ``cpu_limit``, ``output_limit``, ``internal_error``
+    (airlock itself failed while the code ran; everything observed is kept)
+    or ``sandbox_error``;
     ``limit`` names the limit that stopped it (``wall_time``, ``memory``,
     ``cpu_time``, ``output``), if one did. ``record`` is the whole run record
     as a dict, the same one ``airlock run --json`` prints.
@@ -73,6 +108,7 @@ class RunResult:
         "message",
         "ok",
         "record",
+        "results",
         "status",
         "stderr",
         "stdout",
@@ -90,6 +126,7 @@ class RunResult:
     value: Optional[str]
     error: Optional[ErrorInfo]
     figures: list[Figure]
+    results: list[DisplayData]
     usage: Usage
     message: Optional[str]
     record: dict[str, Any]
@@ -111,6 +148,8 @@ class RunResult:
             Figure(f["name"], f["width"], f["height"], base64.b64decode(f.get("png_base64", "")))
             for f in record.get("figures", [])
         ]
+        #: Rich results in order: every ``display()`` call, then the value.
+        self.results = [DisplayData(r["kind"], dict(r["data"])) for r in record.get("results", [])]
         self.usage = Usage(**record.get("usage", {"wall_ms": 0}))
         #: Why the run ended as it did, when the exit code does not say (a limit, a sandbox error).
         self.message = record.get("message")

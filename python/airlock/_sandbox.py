@@ -61,6 +61,10 @@ class Sandbox:
     :param allow_degraded: isolation layers to run without where this host
         lacks them (``"cgroups"``, ``"landlock"``); without this, a missing
         layer is a ``SandboxUnavailable`` error.
+    :param with_packages: extra packages for this sandbox, from the image's
+        vetted set (``["statsmodels"]``); installed once into a derived image
+        and cached, without opening the network to the code. A package outside
+        the set is a ``PolicyError`` that lists those allowed.
     :param image: the runtime image: ``"python-data"`` (numpy, pandas,
         matplotlib, scipy; built on first use, which takes about a minute and
         needs the package index) or one built with ``airlock image build``.
@@ -89,6 +93,7 @@ class Sandbox:
         max_network_bytes_in: Optional[int] = None,
         max_connections: Optional[int] = None,
         allow_degraded: Optional[Iterable[str]] = None,
+        with_packages: Optional[Iterable[str]] = None,
         image: str = "python-data",
     ) -> None:
         settings: dict[str, Any] = {
@@ -110,6 +115,7 @@ class Sandbox:
             "max_network_bytes_in": max_network_bytes_in,
             "max_connections": max_connections,
             "allow_degraded": _strings("allow_degraded", allow_degraded),
+            "with_packages": _strings("with_packages", with_packages),
         }
         if not isinstance(image, str):
             raise PolicyError(f"image must be the name of an image, such as 'python-data' (got {image!r})")
@@ -149,6 +155,14 @@ class Sandbox:
         cwd: str = "/work",
         lang: str = "python",
         stdin: Optional[Data] = None,
+        timeout_s: Optional[float] = None,
+        cpu_time_s: Optional[float] = None,
+        mem_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+        cpus: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+        on_output_limit: Optional[str] = None,
+        open_files: Optional[int] = None,
     ) -> RunResult:
         """Runs ``code`` in a fresh process tree of this sandbox and waits for it.
 
@@ -163,31 +177,45 @@ class Sandbox:
         :param cwd: the working directory, /work or a folder below it.
         :param lang: ``"python"`` or ``"sh"``.
         :param stdin: the code's standard input (default: empty).
-        :raises PolicyError: a bad ``cwd`` or ``lang``.
+        :param timeout_s: limits for this run only, instead of the sandbox's
+            (``cpu_time_s``, ``mem_mb``, ``pids``, ``cpus``,
+            ``max_output_bytes``, ``on_output_limit``, ``open_files`` too);
+            ``None`` keeps the sandbox's. The result's ``limit`` says which
+            one stopped the run.
+        :raises PolicyError: a bad ``cwd``, ``lang`` or limit.
         :raises SandboxError: the sandbox itself failed (or is closed); its
             ``result`` holds the run's record. ``SandboxUnavailable`` when the
             run asked for what the host cannot give.
         """
         stdin_bytes = None if stdin is None else _as_bytes("stdin", stdin)
-        return RunResult._from_native(self._native.run(code, lang, cwd, stdin_bytes))
+        limits = {
+            "timeout_s": timeout_s,
+            "cpu_time_s": cpu_time_s,
+            "memory_mb": mem_mb,
+            "pids": pids,
+            "cpus": cpus,
+            "max_output_bytes": max_output_bytes,
+            "on_output_limit": on_output_limit,
+            "open_files": open_files,
+        }
+        limits = {name: value for name, value in limits.items() if value is not None}
+        limits_json = _to_json(limits) if limits else None
+        try:
+            native = self._native.run(code, lang, cwd, stdin_bytes, limits_json)
+        except PolicyError as error:
+            raise PolicyError(_in_keyword_terms(str(error))) from None
+        return RunResult._from_native(native)
 
-    async def run_async(
-        self,
-        code: str,
-        *,
-        cwd: str = "/work",
-        lang: str = "python",
-        stdin: Optional[Data] = None,
-    ) -> RunResult:
-        """``run`` for asyncio: the run happens on a worker thread, so the event
-        loop and other sandboxes go on meanwhile.
+    async def run_async(self, code: str, **options: Any) -> RunResult:
+        """``run`` for asyncio, with the same options: the run happens on a
+        worker thread, so the event loop and other sandboxes go on meanwhile.
 
         Cancelling the call (``asyncio.wait_for`` timing out, a task
         cancelled) stops the run at once; the sandbox then refuses further
         runs, so close it and make a new one.
         """
         try:
-            return await asyncio.to_thread(self.run, code, cwd=cwd, lang=lang, stdin=stdin)
+            return await asyncio.to_thread(self.run, code, **options)
         except asyncio.CancelledError:
             self._native.kill()
             raise

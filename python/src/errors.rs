@@ -61,12 +61,16 @@ impl From<airlock::Error> for Failure {
             airlock::Error::Policy(_)
             | airlock::Error::Path(_)
             | airlock::Error::ImageMissing { .. }
-            | airlock::Error::BadImageName { .. } => Kind::Policy,
+            | airlock::Error::BadImageName { .. }
+            | airlock::Error::NotVetted { .. } => Kind::Policy,
             airlock::Error::Artifact(_) => Kind::Artifact,
             airlock::Error::Interpreter { .. } => Kind::Unavailable,
-            airlock::Error::ImageCorrupt { .. } | airlock::Error::ImageBuild { .. } | airlock::Error::Io { .. } => {
-                Kind::Sandbox
-            }
+            airlock::Error::ImageCorrupt { .. }
+            | airlock::Error::ImageBuild { .. }
+            | airlock::Error::Lock(_)
+            | airlock::Error::HashMismatch { .. }
+            | airlock::Error::Index { .. }
+            | airlock::Error::Io { .. } => Kind::Sandbox,
         };
         Failure::new(kind, error.to_string())
     }

@@ -1,11 +1,12 @@
-//! The sandbox helper this module carries, installed where it can run.
+//! The binaries this module carries, installed where they can run.
 //!
 //! The Linux backend starts `airlock-init` (built from crates/airlock-linux)
-//! by path for every sandbox and every run. The build script compiled it for
-//! this exact library version and it is embedded here, so a wheel needs
-//! nothing beside itself and the helper always speaks this library's
-//! protocol. On first use in a process it is written, whole or not at all, to
-//! `<data dir>/helpers/airlock-init-<hash>` (the hash of its content, so
+//! by path for every sandbox and every run. The build script provided it for
+//! this exact library version (see build.rs) and it is embedded here, so a
+//! wheel needs nothing beside itself and the helper always speaks this
+//! library's protocol. Every shipped binary is found the same way
+//! ([`installed`]): on first use in a process it is written, whole or not at
+//! all, to `<data dir>/helpers/<name>-<hash>` (the hash of its content, so
 //! versions side by side never overwrite each other).
 
 use std::fs;
@@ -16,8 +17,8 @@ use std::sync::{Mutex, OnceLock};
 use airlock::SandboxError;
 use airlock_linux::LinuxBackend;
 
-/// The helper binary, built by build.rs.
-const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/airlock-init"));
+/// The binaries build.rs provided: (name, content).
+const SHIPPED: &[(&str, &[u8])] = &[("airlock-init", include_bytes!(concat!(env!("OUT_DIR"), "/airlock-init")))];
 
 /// The Linux backend running the embedded helper, made once per process.
 pub fn backend() -> Result<&'static LinuxBackend, SandboxError> {
@@ -32,23 +33,34 @@ pub fn backend() -> Result<&'static LinuxBackend, SandboxError> {
     if let Some(backend) = BACKEND.get() {
         return Ok(backend);
     }
-    let path = install(&airlock_core::paths::data_dir()?.join("helpers"))?;
+    let path = installed("airlock-init")?;
     Ok(BACKEND.get_or_init(|| LinuxBackend::with_helper(path)))
 }
 
-/// Writes the helper into `dir` unless an identical, executable copy is there.
-fn install(dir: &Path) -> Result<PathBuf, SandboxError> {
-    let digest = airlock_core::sha256_hex(HELPER);
-    let path = dir.join(format!("airlock-init-{}", &digest[..16]));
-    if is_installed(&path) {
+/// The shipped binary `name`, installed in the data folder.
+pub fn installed(name: &str) -> Result<PathBuf, SandboxError> {
+    let Some((_, content)) = SHIPPED.iter().find(|(shipped, _)| *shipped == name) else {
+        return Err(SandboxError::io(
+            format!("finding the binary {name}"),
+            std::io::Error::new(std::io::ErrorKind::NotFound, "this package does not ship it"),
+        ));
+    };
+    install(&airlock_core::paths::data_dir()?.join("helpers"), name, content)
+}
+
+/// Writes `content` as `name` into `dir` unless an identical, executable copy is there.
+fn install(dir: &Path, name: &str, content: &[u8]) -> Result<PathBuf, SandboxError> {
+    let digest = airlock_core::sha256_hex(content);
+    let path = dir.join(format!("{name}-{}", &digest[..16]));
+    if is_installed(&path, content) {
         return Ok(path);
     }
-    let fail = |source| SandboxError::io(format!("installing the sandbox helper at {}", path.display()), source);
+    let fail = |source| SandboxError::io(format!("installing {name} at {}", path.display()), source);
     fs::create_dir_all(dir).map_err(fail)?;
     // Made executable before it takes the final name, which another process
     // may be about to run.
-    let staged = dir.join(format!(".airlock-init-{}.{}", &digest[..16], std::process::id()));
-    let installed = airlock::save_to_host(&staged, HELPER)
+    let staged = dir.join(format!(".{name}-{}.{}", &digest[..16], std::process::id()));
+    let installed = airlock::save_to_host(&staged, content)
         .and_then(|_| fs::set_permissions(&staged, fs::Permissions::from_mode(0o755)))
         .and_then(|()| fs::rename(&staged, &path));
     if let Err(error) = installed {
@@ -58,7 +70,7 @@ fn install(dir: &Path) -> Result<PathBuf, SandboxError> {
     Ok(path)
 }
 
-fn is_installed(path: &Path) -> bool {
+fn is_installed(path: &Path, content: &[u8]) -> bool {
     let executable = fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    executable && fs::read(path).is_ok_and(|content| content == HELPER)
+    executable && fs::read(path).is_ok_and(|installed| installed == content)
 }

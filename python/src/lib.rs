@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
-use airlock::image::{BuildEvent, ImageStore};
+use airlock::image::BuildEvent;
 use airlock::{Backend, KillSwitch, Language, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxPath};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -81,10 +81,11 @@ impl NativeSandbox {
         Ok(PyBytes::new(py, &data))
     }
 
-    /// Runs `code` and returns `(record JSON, ok, stopping limit)`. Raises
+    /// Runs `code` and returns `(record JSON, ok, stopping limit)`.
+    /// `limits_json` is a `PolicySpec` of limits for this run only. Raises
     /// when the sandbox itself failed, with the same triple as the
     /// exception's `_result`, and on Ctrl-C, after killing the run.
-    #[pyo3(signature = (code, lang, cwd=None, stdin=None))]
+    #[pyo3(signature = (code, lang, cwd=None, stdin=None, limits_json=None))]
     fn run(
         &self,
         py: Python<'_>,
@@ -92,8 +93,17 @@ impl NativeSandbox {
         lang: &str,
         cwd: Option<&str>,
         stdin: Option<PyBackedBytes>,
+        limits_json: Option<&str>,
     ) -> PyResult<NativeResult> {
-        let request = run_request(code, lang, cwd, stdin.as_deref()).map_err(|f| f.into_py(py))?;
+        let mut request = run_request(code, lang, cwd, stdin.as_deref()).map_err(|f| f.into_py(py))?;
+        if let Some(json) = limits_json {
+            let spec = parse_spec(json).map_err(|f| f.into_py(py))?;
+            let limits = py.detach(|| {
+                let host = helper::backend()?.probe()?.host;
+                self.with_sandbox(|sandbox| Ok(sandbox.limits_for(&spec, &host)?))
+            });
+            request.limits = Some(limits.map_err(|f| f.into_py(py))?);
+        }
         self.run_interruptibly(py, &request)?.or_else(|(failure, result)| {
             let error = failure.into_py(py);
             if let Some(result) = result {
@@ -200,23 +210,17 @@ fn create(spec_json: &str, image: &str) -> Result<airlock::Sandbox, Failure> {
     let backend = helper::backend()?;
     let policy = Policy::from_spec(&spec, &backend.probe()?.host).map_err(airlock::Error::from)?;
     let mut progress = |event: BuildEvent| log_build(&event);
-    let runtime = ImageStore::open_default()?.get_or_build_default(image, &mut progress)?.runtime();
+    let runtime = airlock::resolve_runtime(policy.backend, Some(image), None, &mut progress)?;
     Ok(airlock::Sandbox::with_backend(backend, policy, runtime)?)
 }
 
-/// The `PolicySpec` in `spec_json`, or an error that names the setting at
-/// fault (serde's own message does not).
+/// The `PolicySpec` in `spec_json`, checked against the spec's schema (the
+/// one every door publishes), or an error that names the setting at fault.
 fn parse_spec(spec_json: &str) -> Result<PolicySpec, Failure> {
-    use serde_json::{Map, Value};
-    let fields: Map<String, Value> = serde_json::from_str(spec_json)
-        .map_err(|e| Failure::new(Kind::Policy, format!("the sandbox settings are not a JSON object: {e}")))?;
-    for (name, value) in &fields {
-        let alone = Value::Object(Map::from_iter([(name.clone(), value.clone())]));
-        if let Err(e) = serde_json::from_value::<PolicySpec>(alone) {
-            return Err(Failure::new(Kind::Policy, format!("{name}: {e}")));
-        }
-    }
-    serde_json::from_value(Value::Object(fields)).map_err(|e| Failure::new(Kind::Policy, e.to_string()))
+    let value: serde_json::Value = serde_json::from_str(spec_json)
+        .map_err(|e| Failure::new(Kind::Policy, format!("the sandbox settings are not JSON: {e}")))?;
+    airlock::validate(&PolicySpec::schema(), &value).map_err(|e| Failure::new(Kind::Policy, e.to_string()))?;
+    serde_json::from_value(value).map_err(|e| Failure::new(Kind::Policy, e.to_string()))
 }
 
 fn run_request(code: String, lang: &str, cwd: Option<&str>, stdin: Option<&[u8]>) -> Result<RunRequest, Failure> {
@@ -237,6 +241,7 @@ fn run_request(code: String, lang: &str, cwd: Option<&str>, stdin: Option<&[u8]>
         cwd,
         display_name: None,
         outputs: Vec::new(),
+        limits: None,
     })
 }
 

@@ -140,3 +140,21 @@ def test_write_takes_bytes_and_str_and_read_returns_bytes(sandbox):
 def test_repr_is_short(sandbox):
     out = sandbox.run("1/0")
     assert repr(out) == "RunResult(status='failed', exit_code=1, error='ZeroDivisionError')"
+
+
+def test_display_and_rich_results_come_back_in_order(sandbox):
+    """Issue 14, item 4: `display()` and a notebook's rich results."""
+    code = "class H:\n    def _repr_html_(self): return '<b>h</b>'\n    def __repr__(self): return 'H()'\ndisplay(H(), 'two')\nx = 1; x + 1"
+    out = sandbox.run(code)
+    assert out.ok, out.error
+    assert [r.kind for r in out.results] == ["display", "display", "value"]
+    assert out.results[0].html == "<b>h</b>" and out.results[0].text == "H()"
+    assert out.results[1].text == "'two'"
+    assert out.value == "2" and out.results[2].text == "2"
+
+
+def test_the_error_is_on_the_users_line(sandbox):
+    """Issue 14, item 1: the last frame in the code, not the library's."""
+    out = sandbox.run("import json\n\njson.loads('{bad')\n")
+    assert (out.error.type, out.error.line) == ("JSONDecodeError", 3)
+    assert "decoder.py" in out.error.traceback

@@ -10,6 +10,8 @@ use airlock::image::ImageStore;
 use airlock::{Policy, RunRecord, RunRequest, Runtime, Sandbox};
 use airlock_linux::LinuxBackend;
 
+pub mod users;
+
 /// The folder cargo put this build's binaries in (`target/debug`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary has a path");
@@ -59,7 +61,7 @@ pub fn data_image() -> Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
-            let store = ImageStore::at(test_home().join("images"));
+            let store = ImageStore::at(test_home().join("images")).with_backend(linux());
             let image = store
                 .get_or_build_default("python-data", &mut |e| eprintln!("building python-data: {e:?}"))
                 .expect("build the python-data image");
@@ -199,6 +201,18 @@ pub fn assert_nothing_left(marker: &str) {
     let left = leftovers(marker);
     assert!(left.is_empty(), "left behind on the host: {left:#?}");
 }
+
+/// Python for the security suite's probes: `call(nr, *args)` makes a raw
+/// system call and returns "OK" or the errno's name.
+pub const PY_SYSCALL: &str = r#"
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return errno.errorcode.get(ctypes.get_errno(), "OK") if r == -1 else "OK"
+"#;
 
 /// A unique marker for a test's processes.
 pub fn marker(name: &str) -> String {

@@ -264,19 +264,29 @@ print(out)
 }
 
 #[test]
-fn images_build_from_requirements_reuse_and_refuse_when_broken() {
+fn images_lock_build_reuse_verify_and_refuse_when_broken() {
     let home = tempfile::tempdir().unwrap();
     let requirements = home.path().join("requirements.txt");
     std::fs::write(&requirements, "six==1.16.0\n").unwrap();
+    let lock = home.path().join("pylock.toml");
     let image =
         |args: &[&str]| airlock_command().env("AIRLOCK_HOME", home.path()).arg("image").args(args).output().unwrap();
-    let built = image(&["build", "tiny", "--requirements", requirements.to_str().unwrap()]);
+    // Resolved in a sandbox whose only network is the index: every file pinned.
+    let locked = image(&["lock", requirements.to_str().unwrap(), "-o", lock.to_str().unwrap()]);
+    assert!(locked.status.success(), "{}", String::from_utf8_lossy(&locked.stderr));
+    let lock_text = std::fs::read_to_string(&lock).unwrap();
+    assert!(lock_text.contains("name = \"six\"") && lock_text.contains("sha256 = "), "{lock_text}");
+    // The old way is refused with the new one.
+    let old = image(&["build", "tiny", "--requirements", requirements.to_str().unwrap()]);
+    assert!(!old.status.success() && String::from_utf8_lossy(&old.stderr).contains("airlock image lock"));
+    let built = image(&["build", "tiny", "--lock", lock.to_str().unwrap()]);
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
     let progress = String::from_utf8_lossy(&built.stderr);
-    assert!(progress.contains("[3/5]") && progress.contains("(1/1) six==1.16.0"), "progress shown: {progress}");
+    assert!(progress.contains("[3/4]") && progress.contains("six-1.16.0-py2.py3-none-any.whl"), "progress: {progress}");
+    assert!(progress.contains("network to ") && progress.contains("no network"), "steps recorded: {progress}");
     let hash = String::from_utf8_lossy(&built.stdout).split_whitespace().nth(1).unwrap().to_owned();
     // Same inputs, same image: the rebuild reuses it.
-    let again = image(&["build", "tiny", "--requirements", requirements.to_str().unwrap()]);
+    let again = image(&["build", "tiny", "--lock", lock.to_str().unwrap()]);
     assert!(
         String::from_utf8_lossy(&again.stderr).contains("already built"),
         "{}",
@@ -287,6 +297,8 @@ fn images_build_from_requirements_reuse_and_refuse_when_broken() {
     assert!(show.contains("six 1.16.0") && show.contains("python:"), "{show}");
     let list = String::from_utf8_lossy(&image(&["list"]).stdout).into_owned();
     assert!(list.contains("tiny") && list.contains(&hash), "{list}");
+    let verified = image(&["verify", "tiny"]);
+    assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stdout));
     // It runs, with its package and without others.
     let run = airlock_command()
         .env("AIRLOCK_HOME", home.path())
@@ -296,11 +308,13 @@ fn images_build_from_requirements_reuse_and_refuse_when_broken() {
     let record: Value = serde_json::from_slice(&run.stdout).unwrap();
     assert_eq!(record["stdout"], "1.16.0\n", "{record}");
     assert_eq!(record["image"]["hash"], hash.as_str());
-    // A failed build leaves nothing half-made.
-    std::fs::write(&requirements, "this-package-does-not-exist-airlock==0.0.1\n").unwrap();
-    let failed = image(&["build", "broken", "--requirements", requirements.to_str().unwrap()]);
+    // A lock whose hash the index does not match fails, naming it, and leaves nothing half-made.
+    let sha = lock_text.split("sha256 = \"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    std::fs::write(&lock, lock_text.replace(&sha, &"0".repeat(64))).unwrap();
+    let failed = image(&["build", "broken", "--lock", lock.to_str().unwrap()]);
     assert!(!failed.status.success());
-    assert!(String::from_utf8_lossy(&failed.stderr).contains("pip failed"));
+    let err = String::from_utf8_lossy(&failed.stderr);
+    assert!(err.contains("package six") && err.contains(&sha) && err.contains(&"0".repeat(64)), "{err}");
     let leftovers: Vec<_> = std::fs::read_dir(home.path().join("images"))
         .unwrap()
         .flatten()

@@ -100,13 +100,14 @@ fn cpu_time_is_limited_across_every_process() {
     let mut policy = quick_policy(20);
     policy.limits.cpu_time = Duration::from_secs(1);
     policy.limits.cpus = 2.0_f64.min(airlock::host_facts().unwrap().cpus as f64);
-    let started = std::time::Instant::now();
-    // Two busy processes: neither alone reaches the limit quickly.
+    // Two busy processes: neither alone reaches the limit quickly. The
+    // status says the CPU limit stopped it, not the wall clock (how soon is
+    // not asserted: on a loaded machine CPU time accrues slowly).
     let record = shell(policy, "while :; do :; done & while :; do :; done");
     assert_eq!(record.status, Status::CpuLimit, "{record:?}");
     assert!(record.limits_hit.contains(&Limit::CpuTime));
+    assert!(!record.limits_hit.contains(&Limit::WallTime), "{record:?}");
     assert!(record.usage.cpu_ms.unwrap() >= 1000);
-    assert!(started.elapsed() < Duration::from_secs(5), "stopped near the CPU limit, not the wall limit");
 }
 
 #[test]

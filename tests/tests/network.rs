@@ -142,3 +142,44 @@ fn without_rules_there_is_no_proxy_and_no_network_section() {
     assert_eq!(record.stdout.trim(), "[]");
     assert!(record.network.is_none());
 }
+
+#[test]
+fn plaintext_inside_a_connect_tunnel_must_be_http_for_the_tunnel_s_host() {
+    // A tunnel to an allowed host:port, then plaintext HTTP asking the server
+    // behind it for another site: refused, closed, and recorded with why.
+    let http = Server::http();
+    let port = http.port();
+    let code = format!(
+        r#"
+import socket
+def tunnel(request):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(b"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += s.recv(1)
+    s.sendall(request)
+    answer = b""
+    try:
+        while chunk := s.recv(4096):
+            answer += chunk
+    except OSError:
+        pass
+    return head.split(b"\r\n")[0].decode(), answer.decode(errors="replace")[-40:]
+print(tunnel(b"GET /fronted HTTP/1.1\r\nHost: internal.example\r\n\r\n"))
+print(tunnel(b"GET /mine HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"))
+"#
+    );
+    let record = run(policy(&[format!("127.0.0.1:{port}")], PolicySpec::default()), &code, None);
+    assert_eq!(record.status, Status::Ok, "{}\n{:?}", record.stderr, record.message);
+    let lines: Vec<&str> = record.stdout.lines().collect();
+    assert_eq!(lines[0], "('HTTP/1.1 200 Connection established', '')", "{}", record.stdout);
+    assert!(lines[1].ends_with("hello from /mine')"), "{}", record.stdout);
+    let heads: Vec<String> = http.requests().iter().map(|r| r.head.lines().next().unwrap_or("").to_owned()).collect();
+    assert_eq!(heads, ["GET /mine HTTP/1.1"], "only the tunnel's own host's request reached the server");
+    let network = record.network.unwrap();
+    let refused = &network.connections[0];
+    assert_eq!(refused.verdict, NetworkVerdict::Denied, "{network:?}");
+    assert!(refused.reason.as_deref().unwrap_or_default().contains("internal.example"), "{refused:?}");
+    assert_eq!(refused.bytes_out, 0);
+}

@@ -5,50 +5,24 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use airlock_tests::users::{Delegated, NOBODY, nobody_command, parse_record, user_home};
 use airlock_tests::{airlock_bin, exclusive, helper};
 use serde_json::Value;
 
-const NOBODY: u32 = 65534;
-
-/// A data directory the unprivileged user may write.
-fn user_home() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
-    dir
-}
-
 /// `airlock run ARGS` as user nobody, using the system's Python (the test
 /// account cannot read root's), optionally first entering `cgroups`.
+fn as_nobody(home: &Path, cgroups: &[PathBuf], args: &[&str]) -> Command {
+    let mut command = nobody_command(home, cgroups);
+    command.args(["run", "--json", "--python", "/usr/bin/python3"]).args(args);
+    command
+}
+
 fn run_as_nobody(home: &Path, cgroups: &[PathBuf], args: &[&str]) -> Output {
-    let mut script = String::new();
-    for dir in cgroups {
-        script.push_str(&format!("echo $$ > {}/cgroup.procs && ", dir.display()));
-    }
-    script.push_str("exec setpriv --reuid=65534 --regid=65534 --clear-groups \"$@\"");
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg("sh")
-        .arg(airlock_bin())
-        .args(["run", "--json", "--python", "/usr/bin/python3"])
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("AIRLOCK_HOME", home)
-        .env("AIRLOCK_INIT", helper())
-        .current_dir(home)
-        .output()
-        .unwrap()
+    as_nobody(home, cgroups, args).output().unwrap()
 }
 
 fn record(output: &Output) -> Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}\nstdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+    parse_record(output)
 }
 
 #[test]
@@ -111,50 +85,6 @@ fn record_status(output: &Output) -> String {
     record(output)["status"].as_str().unwrap().to_owned()
 }
 
-/// Cgroups made for this test and handed to the unprivileged user, as an
-/// administrator (or systemd's Delegate=yes) would.
-struct Delegated(Vec<PathBuf>);
-
-impl Delegated {
-    fn new() -> Delegated {
-        let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let hierarchy = airlock_linux::Hierarchy::from_tables(
-            &std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
-            &membership,
-            None,
-            &|mount| std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default(),
-        )
-        .unwrap();
-        let name = format!("airlock-test-delegated-{}", std::process::id());
-        let parents: Vec<PathBuf> = match hierarchy {
-            airlock_linux::Hierarchy::V1 { memory, pids, cpu, cpuacct } => {
-                let mut v = vec![memory, pids, cpu];
-                v.extend(cpuacct);
-                v
-            }
-            airlock_linux::Hierarchy::V2 { parent, .. } => vec![parent],
-        };
-        let dirs: Vec<PathBuf> = parents.iter().map(|p| p.join(&name)).collect();
-        for dir in &dirs {
-            std::fs::create_dir(dir).unwrap();
-            for entry in std::iter::once(dir.clone()).chain(["cgroup.procs", "tasks"].iter().map(|f| dir.join(f))) {
-                if entry.exists() {
-                    std::os::unix::fs::chown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
-                }
-            }
-        }
-        Delegated(dirs)
-    }
-}
-
-impl Drop for Delegated {
-    fn drop(&mut self) {
-        for dir in &self.0 {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
-
 #[test]
 fn with_a_delegated_cgroup_every_limit_holds() {
     let _alone = exclusive();
@@ -185,7 +115,7 @@ fn with_a_delegated_cgroup_every_limit_holds() {
 }
 
 #[test]
-fn root_where_nobody_does_not_exist_is_refused_never_run_as_root() {
+fn root_where_its_host_ids_do_not_exist_is_refused_never_run_as_root() {
     // Root in a user namespace that maps only itself (`unshare -r`): airlock
     // would have to run the code as that root, so it refuses and says why.
     let home = tempfile::tempdir().unwrap();
@@ -202,5 +132,158 @@ fn root_where_nobody_does_not_exist_is_refused_never_run_as_root() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(125), "{stderr}");
     assert!(!String::from_utf8_lossy(&output.stdout).contains("ran"));
-    assert!(stderr.contains("65534 (nobody) does not exist"), "{stderr}");
+    assert!(stderr.contains("airlock's host ids") && stderr.contains("do not exist"), "{stderr}");
+    assert!(stderr.contains("AIRLOCK_HOST_IDS"), "names the fix: {stderr}");
+}
+
+/// Subordinate ids for user nobody in /etc/subuid and /etc/subgid, as an
+/// administrator would grant them (`usermod --add-subuids`), for as long as
+/// this lives; the files are put back as they were.
+struct SubordinateIds(Vec<(PathBuf, Option<Vec<u8>>)>);
+
+/// nobody's subordinate ids in these tests: far from airlock's own range.
+const SUBORDINATE_FIRST: u32 = 3_000_000;
+
+impl SubordinateIds {
+    fn grant() -> SubordinateIds {
+        let mut saved = Vec::new();
+        for file in ["/etc/subuid", "/etc/subgid"] {
+            let path = PathBuf::from(file);
+            let before = std::fs::read(&path).ok();
+            let mut text = String::from_utf8_lossy(before.as_deref().unwrap_or_default()).into_owned();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&format!("nobody:{SUBORDINATE_FIRST}:65536\n"));
+            std::fs::write(&path, text).unwrap();
+            saved.push((path, before));
+        }
+        SubordinateIds(saved)
+    }
+}
+
+impl Drop for SubordinateIds {
+    fn drop(&mut self) {
+        for (path, before) in &self.0 {
+            match before {
+                Some(content) => std::fs::write(path, content).unwrap(),
+                None => std::fs::remove_file(path).unwrap(),
+            }
+        }
+    }
+}
+
+#[test]
+fn with_subordinate_ids_each_sandbox_is_a_user_of_its_own() {
+    assert!(
+        Path::new("/usr/bin/newuidmap").exists() && Path::new("/usr/bin/newgidmap").exists(),
+        "this test needs newuidmap and newgidmap: apt-get install uidmap"
+    );
+    let _alone = exclusive();
+    let _granted = SubordinateIds::grant();
+    let home = user_home();
+    let input = home.path().join("in.txt");
+    std::fs::write(&input, "copied in").unwrap();
+    std::os::unix::fs::chown(&input, Some(NOBODY), Some(NOBODY)).unwrap();
+
+    // A run that takes every pipe page its host user may have, and holds them.
+    let marker = airlock_tests::marker("subordinate-hog");
+    let hog = format!(
+        "import fcntl, os, subprocess\nprint(open('/proc/self/uid_map').read().split()[1])\npipes = []\n\
+         while True:\n    r, w = os.pipe()\n    pipes.append((r, w))\n    if fcntl.fcntl(w, 1032) < 65536:\n        \
+         break\n    try:\n        fcntl.fcntl(w, 1031, 1 << 20)\n    except OSError:\n        pass\n\
+         subprocess.run(['{marker}', '60'], executable='/bin/sleep')"
+    );
+    let holder = as_nobody(home.path(), &[], &["--allow-degraded", "cgroups", "--timeout", "60", "-c", &hog])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let sleeper = loop {
+        let found = std::fs::read_dir("/proc").unwrap().flatten().find(|e| {
+            // The sleep, whose argv[0] is the marker (not the code that names it).
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(marker.as_bytes()))
+        });
+        if let Some(entry) = found {
+            break entry.file_name().to_string_lossy().parse::<i32>().unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "the hog never took its pipe pages");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+
+    // Meanwhile, another sandbox: its own host id, full-sized pipes, and the
+    // file copied in is its user's, as the code's own would be.
+    let code = "import fcntl, os\nprint(open('/proc/self/uid_map').read().split()[1])\nr, w = os.pipe()\n\
+                print(fcntl.fcntl(w, 1032))\nst = os.stat('/work/in.txt')\nprint(st.st_uid, st.st_gid)\n\
+                open('/work/out.txt', 'w').write('made inside')\nos.chmod('/work/out.txt', 0o600)";
+    let output = run_as_nobody(
+        home.path(),
+        &[],
+        &[
+            "--allow-degraded",
+            "cgroups",
+            "--file",
+            input.to_str().unwrap(),
+            "--out",
+            "/work/out.txt:out.txt",
+            "-c",
+            code,
+        ],
+    );
+    // SAFETY: kill(2) on a pid this test found; it touches no memory.
+    unsafe { libc::kill(sleeper, libc::SIGKILL) };
+    let held = holder.wait_with_output().unwrap();
+    let r = record(&output);
+    assert_eq!(r["status"], "ok", "{r}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<&str> = r["stdout"].as_str().unwrap().lines().collect();
+    let hog_record = record(&held);
+    let hog_uid = hog_record["stdout"].as_str().unwrap().lines().next().unwrap_or_default().to_owned();
+    let range = SUBORDINATE_FIRST..SUBORDINATE_FIRST + 65536;
+    for uid in [lines[0], hog_uid.as_str()] {
+        assert!(range.contains(&uid.parse::<u32>().unwrap()), "{uid} is not of nobody's subordinate ids");
+    }
+    assert_ne!(lines[0], hog_uid, "two live sandboxes share a host id");
+    assert_eq!(lines[1], "65536", "the neighbour's pipes shrank: the hog's budget was its");
+    assert_eq!(lines[2], "1000 1000", "copied in as the sandbox's user");
+    // Copied out through the sandbox's user, though the caller could not read it.
+    assert_eq!(std::fs::read_to_string(home.path().join("out.txt")).unwrap(), "made inside");
+    let ids = r["isolation"]["details"]["host_ids"].as_str().unwrap();
+    assert!(ids.contains("subordinate") && ids.contains(lines[0]), "{ids}");
+}
+
+#[test]
+fn as_an_ordinary_user_the_filter_and_the_masks_hold_too() {
+    let home = user_home();
+    let code = r#"
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def read(path):
+    try:
+        return open(path, "rb").read().decode(errors="replace")
+    except OSError as e:
+        return type(e).__name__
+ctypes.set_errno(0)
+print("inotify", libc.inotify_init1(0), errno.errorcode.get(ctypes.get_errno()))
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)
+    print("mptcp created")
+except OSError as e:
+    print("mptcp", errno.errorcode[e.errno])
+print("cmdline", read("/proc/cmdline"))
+print("init", read("/proc/1/cmdline"))
+print(read("/proc/self/mountinfo"))
+"#;
+    let output = run_as_nobody(home.path(), &[], &["--allow-degraded", "cgroups", "-c", code]);
+    let r = record(&output);
+    assert_eq!(r["status"], "ok", "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("inotify -1 ENOSYS"), "{out}");
+    assert!(out.contains("mptcp EPROTONOSUPPORT"), "{out}");
+    assert!(out.contains("cmdline PermissionError"), "{out}");
+    assert!(out.contains("init airlock-init\u{0}"), "{out}");
+    for needle in [home.path().display().to_string(), helper().parent().unwrap().display().to_string()] {
+        assert!(!out.contains(&needle), "{needle} shows through:\n{out}");
+    }
+    assert!(out.contains(" /usr ") && out.contains("overlay airlock"), "{out}");
 }

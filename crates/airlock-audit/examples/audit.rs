@@ -102,7 +102,12 @@ fn made_up_run(n: u32) -> RunRecord {
         code,
         policy: Policy::default().to_spec(),
         value: Some((total * 2).to_string()),
-        usage: Usage { wall_ms: 40 + u64::from(n % 7), cpu_ms: Some(30), peak_memory_bytes: Some(9 << 20) },
+        usage: Usage {
+            wall_ms: 40 + u64::from(n % 7),
+            cpu_ms: Some(30),
+            peak_memory_bytes: Some(9 << 20),
+            ..Usage::default()
+        },
         ..RunRecord::default()
     }
 }

@@ -25,6 +25,14 @@ pub enum AuditError {
     )]
     NewerSchema { path: PathBuf, found: i64, supported: i64 },
 
+    /// A version 1 store, opened to read and left as it is, cannot do this.
+    #[error(
+        "{path} holds audit schema version {found}, written by an older airlock, and was opened to read \
+         without changing it; {what} needs version 2: run `airlock audit --db {path} migrate` (or record \
+         a run into it) to bring it up to date"
+    )]
+    OldSchema { path: PathBuf, found: i64, what: &'static str },
+
     /// The file could not be read or written: a full disk, a read-only file
     /// system, an I/O error. Nothing was half written: the transaction was
     /// rolled back and the chain is as it was before the call.
@@ -58,6 +66,13 @@ pub enum AuditError {
     /// The principal is not a usable name.
     #[error("principal {principal:?} is not usable: {reason}; pass the token's name, never the token")]
     BadPrincipal { principal: String, reason: &'static str },
+
+    /// A kept content no longer hashes to the hash its record gives it.
+    #[error(
+        "the content {sha256} kept in the audit database {path} was altered: its bytes no longer hash to \
+         {sha256}; it is not shown (the record and its chain are checked by `airlock audit verify`)"
+    )]
+    ContentAltered { path: PathBuf, sha256: String },
 
     /// A listing filter that cannot be applied.
     #[error("{field}: {message}")]

@@ -23,7 +23,8 @@
 //! `append` returned, and nothing of an append that had not returned except
 //! possibly that whole entry. A full disk makes `append` return
 //! [`AuditError::Storage`] (with [`AuditError::is_disk_full`]) and leaves
-//! the chain as it was.
+//! the chain as it was. The entry never waits on the contents it names:
+//! they are kept after it is committed, in a transaction of their own.
 //!
 //! # What is stored
 //!
@@ -35,13 +36,41 @@
 //! usage, the image, the isolation layers. `principal` is the name of the
 //! token that asked, never the token.
 //!
+//! The contents the record carried inline (figures, artefacts returned
+//! inline) are kept in table `contents`, keyed by their SHA-256, once
+//! however many runs made them, and only when they hash to what the record
+//! says, as the store's [`ContentsPolicy`] allows: all of them, figures
+//! only, or none ([`KeepContents`]), up to a quota for all kept contents
+//! together ([`DEFAULT_CONTENTS_QUOTA`], 1 GiB). A content left out by the
+//! switch, the quota or a full disk is noted in `contents_skipped` with the
+//! reason (when even the note fits), and [`AuditStore::content_state`]
+//! says it; its run's entry is recorded all the same. They are outside the chain: the chained record holds each hash, and
+//! [`AuditStore::content`] checks the bytes against it before returning
+//! them, so an edited content is refused and a deleted one is only absent.
+//! `code_search` is a trigram full-text index of each run's code (rowid =
+//! `seq`), for [`AuditStore::browse`]'s search.
+//!
 //! ```sql
 //! runs (seq INTEGER PRIMARY KEY, run_id TEXT UNIQUE, recorded_at TEXT, started_at TEXT,
 //!       status TEXT, principal TEXT NULL, hash_version INTEGER, prev_hash TEXT,
 //!       entry_hash TEXT, record TEXT)
 //! chain_head (id = 1, seq INTEGER, entry_hash TEXT)       -- moved by every append
-//! schema_version (format = 'airlock-audit', version = 1, created_at TEXT)
+//! contents (sha256 TEXT PRIMARY KEY, bytes BLOB)          -- since schema version 2
+//! contents_skipped (sha256 TEXT PRIMARY KEY, reason TEXT) -- since 2
+//! code_search USING fts5 (code, content = '', tokenize = 'trigram')   -- since 2
+//! schema_version (format = 'airlock-audit', version = 2, created_at TEXT)
 //! ```
+//!
+//! A version 1 store is brought to version 2 when a writer first opens it
+//! ([`AuditStore::open`]: a server, a run recorded, `airlock audit
+//! migrate`): the tables are added and the code of every run indexed, in
+//! one transaction; the chain is not touched. Readers
+//! ([`AuditStore::open_existing`]: `audit verify`, `show`, `list`, `ui`)
+//! change nothing: they read a version 1 store as it is, without code
+//! search ([`AuditError::OldSchema`] names the command that migrates). An
+//! older airlock refuses to open a migrated file, naming the newer schema;
+//! one that had it open before goes on appending without indexing, so every
+//! writer's open indexes the entries past the index's last.
 //!
 //! The SQLite header's application id is `0x4149524C` ("AIRL").
 //! `started_at` is the record's start time brought to
@@ -95,18 +124,19 @@
 
 #![forbid(unsafe_code)]
 
+mod contents;
 mod error;
 mod hash;
+mod list;
 mod render;
 mod store;
 mod time;
 mod verify;
 
+pub use contents::{ContentState, ContentsPolicy, DEFAULT_CONTENTS_QUOTA, KeepContents};
 pub use error::AuditError;
 pub use hash::{EntryFields, GENESIS_HASH, HASH_VERSION};
-pub use render::render;
-pub use store::{
-    APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, ListFilter, Page, RunSummary, SCHEMA_VERSION,
-    StoredRun,
-};
-pub use verify::{ChainBreak, Problem, VerifyReport};
+pub use list::{Browse, Browsed, BrowsedRun, ListFilter, Page, Position, RunSummary};
+pub use render::{bytes as human_bytes, policy_fields, render, seconds as human_seconds};
+pub use store::{APPLICATION_ID, AuditEntry, AuditStore, BUSY_TIMEOUT, ChainHead, SCHEMA_VERSION, StoredRun};
+pub use verify::{ChainBreak, ChainLink, Neighbours, Problem, VerifyReport};

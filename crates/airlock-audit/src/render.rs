@@ -149,10 +149,18 @@ fn usage_line(usage: &Usage) -> String {
 }
 
 fn policy_line(policy: &PolicySpec) -> String {
-    let mut parts = Vec::new();
-    let mut add = |name: &str, value: Option<String>| {
+    let parts: Vec<String> = policy_fields(policy).into_iter().map(|(name, value)| format!("{name} {value}")).collect();
+    parts.join(", ")
+}
+
+/// The policy's settings that the record names, as (what, value) in words,
+/// values that came from the request made terminal-safe: for every view of
+/// a run (the terminal's, the console's, the HTML report's).
+pub fn policy_fields(policy: &PolicySpec) -> Vec<(&'static str, String)> {
+    let mut fields = Vec::new();
+    let mut add = |name: &'static str, value: Option<String>| {
         if let Some(value) = value {
-            parts.push(format!("{name} {value}"));
+            fields.push((name, value));
         }
     };
     add("backend", policy.backend.as_deref().map(safe));
@@ -173,7 +181,7 @@ fn policy_line(policy: &PolicySpec) -> String {
     if let Some(layers) = policy.allow_degraded.as_ref().filter(|layers| !layers.is_empty()) {
         add("may run without", Some(safe(&layers.join(" "))));
     }
-    parts.join(", ")
+    fields
 }
 
 fn line(out: &mut String, label: &str, text: &str) {
@@ -197,9 +205,9 @@ fn numbered_code(out: &mut String, code: &str, error_line: Option<u32>) {
         out.push_str("(no code)\n");
         return;
     }
-    let count = code.lines().count();
-    let width = count.to_string().len();
-    for (index, text) in code.lines().enumerate() {
+    let lines = airlock_core::source_lines(code);
+    let width = lines.len().to_string().len();
+    for (index, text) in lines.into_iter().enumerate() {
         let number = index + 1;
         let marker = if error_line.is_some_and(|line| line as usize == number) { '>' } else { ' ' };
         let _ = writeln!(out, "{marker}{number:>width$} | {}", safe(text));
@@ -222,7 +230,8 @@ fn stream(out: &mut String, name: &str, text: &str, truncated: bool, binary: boo
     }
 }
 
-fn bytes(count: u64) -> String {
+/// A size as people write it: `12 B`, `1.5 KiB`, `512 MiB`.
+pub fn bytes(count: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if count < 1024 {
         return format!("{count} B");
@@ -236,7 +245,8 @@ fn bytes(count: u64) -> String {
     if value.fract() == 0.0 { format!("{value:.0} {}", UNITS[unit]) } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
-fn seconds(millis: u64) -> String {
+/// Milliseconds as seconds: `1.234 s`.
+pub fn seconds(millis: u64) -> String {
     format!("{}.{:03} s", millis / 1000, millis % 1000)
 }
 

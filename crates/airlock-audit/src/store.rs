@@ -7,17 +7,20 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use airlock_core::record::now_rfc3339;
-use airlock_policy::{Language, Limit, RunRecord, Status};
-use rusqlite::types::Value;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params, params_from_iter};
+use airlock_policy::RunRecord;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 
+use crate::contents::ContentsPolicy;
 use crate::error::AuditError;
 use crate::hash::{EntryFields, GENESIS_HASH, HASH_VERSION};
 use crate::time;
 
-/// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The schema version this build writes and reads. Version 2 added the
+/// `contents` table and the `code_search` index; a version 1 store is
+/// brought to version 2 when a writer opens it ([`AuditStore::open`], see
+/// [`migrate_to_2`]), and read as it is by [`AuditStore::open_existing`].
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// What the `schema_version` table's `format` column says.
 const FORMAT: &str = "airlock-audit";
@@ -33,8 +36,6 @@ pub const APPLICATION_ID: i32 = 0x4149_524C;
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
 
 const MAX_PRINCIPAL_CHARS: usize = 200;
-const DEFAULT_PAGE_SIZE: u32 = 50;
-const MAX_PAGE_SIZE: u32 = 1000;
 
 /// STRICT tables: SQLite refuses a value of the wrong type rather than
 /// storing it, so a row always reads back as written.
@@ -68,6 +69,23 @@ CREATE TABLE chain_head (
 ) STRICT;
 ";
 
+/// What version 2 added: figure and artefact contents, by their SHA-256
+/// (outside the chain: the chained record holds the hash, and a reader
+/// checks the bytes against it), and a trigram index of each run's code
+/// (rowid = seq) for substring search. Contentless: the code is stored once,
+/// in the record.
+const SCHEMA_2: &str = "
+CREATE TABLE contents (
+    sha256 TEXT PRIMARY KEY NOT NULL,
+    bytes  BLOB NOT NULL
+) STRICT;
+CREATE TABLE contents_skipped (
+    sha256 TEXT PRIMARY KEY NOT NULL,
+    reason TEXT NOT NULL
+) STRICT;
+CREATE VIRTUAL TABLE code_search USING fts5(code, content='', tokenize='trigram');
+";
+
 const ENTRY_COLUMNS: &str =
     "seq, run_id, recorded_at, started_at, status, principal, hash_version, prev_hash, entry_hash, record";
 
@@ -78,6 +96,20 @@ const ENTRY_COLUMNS: &str =
 pub struct AuditStore {
     path: PathBuf,
     connection: Mutex<Connection>,
+    contents: ContentsPolicy,
+    /// The file's schema version: [`SCHEMA_VERSION`], or 1 when a reader
+    /// opened a version 1 store and left it as it was.
+    schema: i64,
+}
+
+/// How a store is opened: to record runs, or only to read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Creates, migrates and heals the file as needed.
+    Writer,
+    /// Changes nothing in the file's schema: a version 1 store is read as
+    /// version 1 (without code search or kept contents).
+    Reader,
 }
 
 impl std::fmt::Debug for AuditStore {
@@ -110,49 +142,6 @@ pub struct StoredRun {
     /// Whether the entry's stored fields still hash to its stored hash. Its
     /// place in the chain is for [`AuditStore::verify`] to check.
     pub hash_matches: bool,
-}
-
-/// What to list. Every field is optional; `Deserialize` reads it from a
-/// query string or JSON body as is.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListFilter {
-    pub status: Option<Status>,
-    /// Runs started at or after this RFC 3339 time (or bare date).
-    pub since: Option<String>,
-    /// Runs started before this RFC 3339 time (or bare date).
-    pub until: Option<String>,
-    /// Runs asked for by the token of this name.
-    pub principal: Option<String>,
-    /// Runs per page: 1 to 1000, 50 when absent.
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
-/// One page of runs, newest first.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Page {
-    pub runs: Vec<RunSummary>,
-    /// Pass as `cursor` for the next (older) page; absent on the last page.
-    /// Cursors stay valid while runs are being added.
-    pub next_cursor: Option<String>,
-}
-
-/// A run in a listing: what the columns and a glance at the record say.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RunSummary {
-    pub seq: u64,
-    pub run_id: String,
-    pub started_at: String,
-    pub recorded_at: String,
-    pub status: Status,
-    pub principal: Option<String>,
-    pub language: Option<Language>,
-    pub code_sha256: Option<String>,
-    pub exit_code: Option<i32>,
-    pub wall_ms: Option<u64>,
-    pub limits_hit: Vec<Limit>,
 }
 
 /// The last entry of the chain. Kept outside the store (a log line, another
@@ -248,22 +237,26 @@ impl AuditStore {
     /// folder made 0700 if missing) with its schema when it does not exist.
     /// Refuses a file that is not an airlock audit database, or one written
     /// by a newer airlock. An existing file's permissions are left as they are.
+    /// A version 1 store is brought to version 2, and the code-search index
+    /// is caught up with entries an older airlock appended since.
     pub fn open(path: &Path) -> Result<AuditStore, AuditError> {
         create_file(path)?;
-        AuditStore::open_file(path)
+        AuditStore::open_file(path, Access::Writer)
     }
 
     /// Opens the audit database at `path` only if the file exists: for
     /// commands that read (`airlock audit verify`, `show`), where a missing
-    /// file means a wrong path, not a store to start.
+    /// file means a wrong path, not a store to start. The schema is left as
+    /// it is: a version 1 store is read without code search, whose use then
+    /// names the command that migrates it, and is not written to.
     pub fn open_existing(path: &Path) -> Result<AuditStore, AuditError> {
         if !path.is_file() {
             return Err(AuditError::Missing { path: path.to_owned() });
         }
-        AuditStore::open_file(path)
+        AuditStore::open_file(path, Access::Reader)
     }
 
-    fn open_file(path: &Path) -> Result<AuditStore, AuditError> {
+    fn open_file(path: &Path, access: Access) -> Result<AuditStore, AuditError> {
         let sqlite = |action: &'static str| move |error| AuditError::sqlite(path, action, error, BUSY_TIMEOUT);
         let mut connection =
             Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
@@ -298,8 +291,34 @@ impl AuditStore {
         if fresh {
             initialize(&mut connection).map_err(sqlite("initialised"))?;
         }
-        check_schema_version(&connection, path)?;
-        Ok(AuditStore { path: path.to_owned(), connection: Mutex::new(connection) })
+        let mut schema = check_schema_version(&connection, path)?;
+        if access == Access::Writer {
+            if schema < SCHEMA_VERSION {
+                migrate_to_2(&mut connection).map_err(sqlite("brought to the current schema"))?;
+                schema = SCHEMA_VERSION;
+            }
+            heal_code_search(&connection).map_err(sqlite("indexed"))?;
+        }
+        let connection = Mutex::new(connection);
+        Ok(AuditStore { path: path.to_owned(), connection, contents: ContentsPolicy::default(), schema })
+    }
+
+    /// Keeps contents as `policy` says from now on (the default: all, up to
+    /// [`crate::DEFAULT_CONTENTS_QUOTA`]).
+    pub fn with_contents(mut self, policy: ContentsPolicy) -> AuditStore {
+        self.contents = policy;
+        self
+    }
+
+    /// Whether the file has this build's schema; `false` only for a version
+    /// 1 store a reader opened, which has no code search and no kept contents.
+    pub fn is_current(&self) -> bool {
+        self.schema >= SCHEMA_VERSION
+    }
+
+    /// The error for `what`, which a version 1 store opened to read cannot do.
+    pub(crate) fn needs_migration(&self, what: &'static str) -> AuditError {
+        AuditError::OldSchema { path: self.path.clone(), found: self.schema, what }
     }
 
     /// The database file.
@@ -309,11 +328,16 @@ impl AuditStore {
 
     /// Records `record` as the next entry of the chain, with `principal`, the
     /// *name* of the token that asked for the run (never the token itself).
-    /// Artefact and figure contents are dropped; their hashes are kept.
+    /// Artefact and figure contents leave the record, which keeps their
+    /// hashes; contents that match their hash are kept beside the chain
+    /// (see [`AuditStore::content`]), as the store's [`ContentsPolicy`] allows.
     ///
-    /// One transaction: the entry is either wholly written and linked, or
+    /// The entry is one transaction: either wholly written and linked, or
     /// not at all (a full disk returns [`AuditError::Storage`] and leaves the
-    /// chain as it was). The link to the previous entry is made under
+    /// chain as it was). The contents follow in a transaction of their own,
+    /// once the entry is committed: a content that does not fit (the quota,
+    /// a full disk) is skipped and noted ([`AuditStore::content_state`]),
+    /// and the entry stays. The link to the previous entry is made under
     /// SQLite's write lock, so concurrent appenders, in threads or processes,
     /// cannot fork the chain.
     pub fn append(&self, record: &RunRecord, principal: Option<&str>) -> Result<AuditEntry, AuditError> {
@@ -322,6 +346,9 @@ impl AuditStore {
         }
         if record.id.is_empty() {
             return Err(AuditError::BadRecord { reason: "it has no run id".to_owned() });
+        }
+        if !self.is_current() {
+            return Err(self.needs_migration("recording a run"));
         }
         let stored = serde_json::to_string(&record.without_contents())
             .map_err(|error| AuditError::BadRecord { reason: format!("it cannot be written as JSON: {error}") })?;
@@ -390,12 +417,24 @@ impl AuditStore {
             )
             .map_err(sqlite)?;
         transaction
+            .execute("INSERT INTO code_search (rowid, code) VALUES (?1, ?2)", params![head_seq + 1, record.code])
+            .map_err(sqlite)?;
+        transaction
             .execute(
                 "INSERT OR REPLACE INTO chain_head (id, seq, entry_hash) VALUES (1, ?1, ?2)",
                 params![head_seq + 1, entry_hash],
             )
             .map_err(sqlite)?;
         transaction.commit().map_err(sqlite)?;
+        if let Err(error) = crate::contents::keep(&mut connection, record, self.contents) {
+            // Shown to viewers: the kind of failure, never the store's path.
+            let reason = if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                "the disk was full when the run was recorded".to_owned()
+            } else {
+                format!("the store could not write it when the run was recorded ({error})")
+            };
+            crate::contents::note_unkept(&mut connection, record, &reason);
+        }
         Ok(AuditEntry {
             seq,
             run_id: record.id.clone(),
@@ -434,72 +473,15 @@ impl AuditStore {
         }))
     }
 
-    /// One page of runs matching `filter`, newest first.
-    pub fn list(&self, filter: &ListFilter) -> Result<Page, AuditError> {
-        let limit = filter.limit.unwrap_or(DEFAULT_PAGE_SIZE);
-        if !(1..=MAX_PAGE_SIZE).contains(&limit) {
-            return Err(AuditError::BadFilter {
-                field: "limit",
-                message: format!("{limit} is not between 1 and {MAX_PAGE_SIZE}; page through with the cursor"),
-            });
-        }
-        let mut conditions: Vec<&str> = Vec::new();
-        let mut values: Vec<Value> = Vec::new();
-        if let Some(status) = filter.status {
-            conditions.push("status = ?");
-            values.push(Value::Text(status.name().to_owned()));
-        }
-        for (field, text, condition) in
-            [("since", &filter.since, "started_at >= ?"), ("until", &filter.until, "started_at < ?")]
-        {
-            if let Some(text) = text {
-                let normalized = time::normalize(text).ok_or_else(|| AuditError::BadFilter {
-                    field,
-                    message: format!("{text:?} is not an RFC 3339 time; write e.g. 2026-11-29T09:00:00Z or 2026-11-29"),
-                })?;
-                conditions.push(condition);
-                values.push(Value::Text(normalized));
-            }
-        }
-        if let Some(principal) = &filter.principal {
-            conditions.push("principal = ?");
-            values.push(Value::Text(principal.clone()));
-        }
-        if let Some(cursor) = &filter.cursor {
-            let before = cursor.parse::<i64>().ok().filter(|seq| *seq >= 1).ok_or_else(|| AuditError::BadFilter {
-                field: "cursor",
-                message: format!("{cursor:?} is not a cursor this store returned; pass a page's next_cursor as it is"),
-            })?;
-            conditions.push("seq < ?");
-            values.push(Value::Integer(before));
-        }
-        let where_clause =
-            if conditions.is_empty() { String::new() } else { format!("WHERE {}", conditions.join(" AND ")) };
-        // One more than the page, to know whether another page follows.
-        values.push(Value::Integer(i64::from(limit) + 1));
-        // One json_extract with several paths parses the record once; a row
-        // whose record is not JSON still lists, without the glance.
-        let sql = format!(
-            "SELECT seq, run_id, started_at, recorded_at, status, principal,
-                    CASE WHEN json_valid(record) THEN json_extract(record, '$.language', '$.code_sha256',
-                        '$.exit_code', '$.usage.wall_ms', '$.limits_hit') END
-             FROM runs {where_clause} ORDER BY seq DESC LIMIT ?"
-        );
-        let sqlite = |error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT);
-        let connection = self.lock();
-        let mut statement = connection.prepare(&sql).map_err(sqlite)?;
-        let mut rows = statement.query(params_from_iter(values)).map_err(sqlite)?;
-        let mut runs = Vec::new();
-        while let Some(row) = rows.next().map_err(sqlite)? {
-            runs.push(self.summary(row)?);
-        }
-        let next_cursor = if runs.len() > limit as usize {
-            runs.truncate(limit as usize);
-            runs.last().map(|run| run.seq.to_string())
-        } else {
-            None
-        };
-        Ok(Page { runs, next_cursor })
+    /// Who asked for run `run_id`: `None` when there is no such run,
+    /// `Some(None)` when it was recorded without a principal. One indexed
+    /// look-up: check this before reading a run for a viewer, so that a run
+    /// they may not see costs the same as one that is not there.
+    pub fn principal_of(&self, run_id: &str) -> Result<Option<Option<String>>, AuditError> {
+        self.lock()
+            .query_row("SELECT principal FROM runs WHERE run_id = ?1", [run_id], |row| row.get(0))
+            .optional()
+            .map_err(|error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT))
     }
 
     /// The recorded head of the chain, `None` while it is empty.
@@ -511,34 +493,17 @@ impl AuditStore {
         }))
     }
 
-    fn summary(&self, row: &Row<'_>) -> Result<RunSummary, AuditError> {
-        type Columns = (i64, String, String, String, String, Option<String>, Option<String>);
-        let read = || -> rusqlite::Result<Columns> {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?))
-        };
-        let (seq, run_id, started_at, recorded_at, status_name, principal, glance) =
-            read().map_err(|error| AuditError::sqlite(&self.path, "read", error, BUSY_TIMEOUT))?;
-        let status = Status::parse(&status_name).ok_or_else(|| AuditError::UnreadableEntry {
-            path: self.path.clone(),
-            seq,
-            reason: format!("its status {status_name:?} is not a status"),
-        })?;
-        type Glance = (Option<Language>, Option<String>, Option<i32>, Option<u64>, Option<Vec<Limit>>);
-        let (language, code_sha256, exit_code, wall_ms, limits_hit): Glance =
-            glance.and_then(|text| serde_json::from_str(&text).ok()).unwrap_or_default();
-        Ok(RunSummary {
-            seq: seq.unsigned_abs(),
-            run_id,
-            started_at,
-            recorded_at,
-            status,
-            principal,
-            language,
-            code_sha256,
-            exit_code,
-            wall_ms,
-            limits_hit: limits_hit.unwrap_or_default(),
-        })
+    /// A connection of its own on the file, for a long read (a walk of the
+    /// whole chain) that should not hold the shared one. Read-only: it can
+    /// change nothing, whatever the file holds.
+    pub(crate) fn own_reader(&self) -> Result<Connection, AuditError> {
+        let sqlite = |error| AuditError::sqlite(&self.path, "opened", error, BUSY_TIMEOUT);
+        let connection =
+            Connection::open_with_flags(&self.path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(sqlite)?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(sqlite)?;
+        connection.pragma_update(None, "trusted_schema", false).map_err(sqlite)?;
+        Ok(connection)
     }
 
     /// The connection. A thread that panicked while holding it left no
@@ -623,6 +588,7 @@ fn initialize(connection: &mut Connection) -> rusqlite::Result<()> {
         return Ok(());
     }
     transaction.execute_batch(SCHEMA)?;
+    transaction.execute_batch(SCHEMA_2)?;
     transaction.execute(
         "INSERT INTO schema_version (format, version, created_at) VALUES (?1, ?2, ?3)",
         params![FORMAT, SCHEMA_VERSION, now_rfc3339()],
@@ -632,7 +598,9 @@ fn initialize(connection: &mut Connection) -> rusqlite::Result<()> {
     transaction.commit()
 }
 
-fn check_schema_version(connection: &Connection, path: &Path) -> Result<(), AuditError> {
+/// The file's schema version: this build's, or an older one it can bring
+/// up to date.
+fn check_schema_version(connection: &Connection, path: &Path) -> Result<i64, AuditError> {
     let not_ours = |reason: String| AuditError::NotAuditDatabase { path: path.to_owned(), reason };
     let rows: Result<Vec<(String, i64)>, _> = connection
         .prepare("SELECT format, version FROM schema_version")
@@ -640,7 +608,7 @@ fn check_schema_version(connection: &Connection, path: &Path) -> Result<(), Audi
     let rows = rows.map_err(|error| not_ours(format!("its schema_version table cannot be read: {error}")))?;
     match rows.as_slice() {
         [(format, version)] if format == FORMAT => match *version {
-            SCHEMA_VERSION => Ok(()),
+            found @ (1 | SCHEMA_VERSION) => Ok(found),
             found if found > SCHEMA_VERSION => {
                 Err(AuditError::NewerSchema { path: path.to_owned(), found, supported: SCHEMA_VERSION })
             }
@@ -648,6 +616,47 @@ fn check_schema_version(connection: &Connection, path: &Path) -> Result<(), Audi
         },
         _ => Err(not_ours("its schema_version table does not name the airlock-audit format".to_owned())),
     }
+}
+
+/// Brings a version 1 store to version 2, in one transaction: the new
+/// tables, and every recorded run's code in the search index. Contents of
+/// runs recorded before were never kept, so they stay absent. The chain is
+/// not touched. Another process may have migrated the file since we looked.
+fn migrate_to_2(connection: &mut Connection) -> rusqlite::Result<()> {
+    let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = transaction.query_row("SELECT version FROM schema_version", [], |row| row.get(0))?;
+    if version != 1 {
+        return Ok(());
+    }
+    transaction.execute_batch(SCHEMA_2)?;
+    transaction.execute(
+        "INSERT INTO code_search (rowid, code)
+         SELECT seq, json_extract(record, '$.code') FROM runs WHERE json_valid(record)",
+        [],
+    )?;
+    transaction.execute("UPDATE schema_version SET version = ?1", [SCHEMA_VERSION])?;
+    transaction.commit()
+}
+
+/// Indexes the code of entries past the last one indexed: an older airlock
+/// that had the file open when it was migrated goes on appending without
+/// indexing, and a writer's open catches up. Cheap when nothing is missing:
+/// one look at each end.
+fn heal_code_search(connection: &Connection) -> rusqlite::Result<()> {
+    let indexed: i64 = connection
+        .query_row("SELECT rowid FROM code_search ORDER BY rowid DESC LIMIT 1", [], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let last: i64 = connection.query_row("SELECT coalesce(max(seq), 0) FROM runs", [], |row| row.get(0))?;
+    if last <= indexed {
+        return Ok(());
+    }
+    connection.execute(
+        "INSERT INTO code_search (rowid, code)
+         SELECT seq, json_extract(record, '$.code') FROM runs WHERE seq > ?1 AND json_valid(record)",
+        [indexed],
+    )?;
+    Ok(())
 }
 
 fn check_principal(name: &str) -> Result<(), AuditError> {

@@ -10,9 +10,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use airlock_core::record::format_rfc3339;
 
 /// `text` in the store's form, or `None` when it is not an RFC 3339 time
-/// (or a bare `YYYY-MM-DD`, read as midnight UTC) from 1970 on.
+/// (or a bare `YYYY-MM-DD`, read as midnight UTC). A time before 1970 is
+/// read as 1970-01-01, before which no run was recorded: as a filter it
+/// means the same.
 pub(crate) fn normalize(text: &str) -> Option<String> {
-    let millis = u64::try_from(parse_millis(text)?).ok()?;
+    let millis = parse_millis(text)?.max(0).unsigned_abs();
     Some(format_rfc3339(UNIX_EPOCH + Duration::from_millis(millis)))
 }
 
@@ -115,6 +117,8 @@ mod tests {
             ("2000-02-29T00:00:00Z", "2000-02-29T00:00:00.000Z"),
             ("1970-01-01T00:00:00Z", "1970-01-01T00:00:00.000Z"),
             ("2016-12-31T23:59:60Z", "2017-01-01T00:00:00.000Z"),
+            ("1969-12-31T23:59:59Z", "1970-01-01T00:00:00.000Z"),
+            ("0107-02-12", "1970-01-01T00:00:00.000Z"),
         ];
         for (input, expected) in cases {
             assert_eq!(normalize(input).as_deref(), Some(expected), "{input}");
@@ -135,7 +139,6 @@ mod tests {
             "2026-11-29T09:04:05.Z",
             "2026-11-29T09:04:05+0100",
             "2026-11-29T09:04:05+01:00x",
-            "1969-12-31T23:59:59Z",
             "+2026-11-29",
             "2026-1-29",
         ] {

@@ -175,14 +175,56 @@ pub enum Problem {
     },
 }
 
+/// An entry's neighbours in the chain, as stored: what a page showing one
+/// run checks of its place without walking the whole chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Neighbours {
+    /// Entry `seq - 1`, when there is one.
+    pub previous: Option<ChainLink>,
+    /// Entry `seq + 1`, when there is one.
+    pub next: Option<ChainLink>,
+}
+
+/// One entry's place in the chain: its hash and the hash it links to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChainLink {
+    pub seq: u64,
+    pub entry_hash: String,
+    pub prev_hash: String,
+}
+
 impl AuditStore {
+    /// The entries either side of entry `seq`, for checking its two links.
+    pub fn neighbours(&self, seq: u64) -> Result<Neighbours, AuditError> {
+        let sqlite = |error| AuditError::sqlite(self.path(), "read", error, BUSY_TIMEOUT);
+        let connection = self.lock();
+        let mut statement = connection
+            .prepare_cached("SELECT seq, entry_hash, prev_hash FROM runs WHERE seq = ?1 - 1 OR seq = ?1 + 1")
+            .map_err(sqlite)?;
+        let seq_i64 = i64::try_from(seq).unwrap_or(i64::MAX - 1);
+        let links = statement
+            .query_map([seq_i64], |row| Ok((row.get::<_, i64>(0)?, row.get(1)?, row.get(2)?)))
+            .map_err(sqlite)?;
+        let mut neighbours = Neighbours { previous: None, next: None };
+        for link in links {
+            let (at, entry_hash, prev_hash) = link.map_err(sqlite)?;
+            let link = ChainLink { seq: at.unsigned_abs(), entry_hash, prev_hash };
+            if at < seq_i64 {
+                neighbours.previous = Some(link);
+            } else {
+                neighbours.next = Some(link);
+            }
+        }
+        Ok(neighbours)
+    }
+
     /// Walks the whole chain and names the first broken link. `Err` only
     /// when the file cannot be read; a broken chain is a report.
     ///
     /// Reads one consistent snapshot: appends made meanwhile are not seen,
-    /// and do not disturb the walk. The walk holds this handle's connection
-    /// throughout, so a server that verifies while it records should verify
-    /// through a second `AuditStore` on the same file.
+    /// and do not disturb the walk. The walk reads through a connection of
+    /// its own, opened for it: this handle's connection stays free for the
+    /// appends, listings and pages served meanwhile.
     pub fn verify(&self) -> Result<VerifyReport, AuditError> {
         self.walk(None)
     }
@@ -197,7 +239,7 @@ impl AuditStore {
 
     fn walk(&self, anchor: Option<&ChainHead>) -> Result<VerifyReport, AuditError> {
         let sqlite = |error| AuditError::sqlite(self.path(), "read", error, BUSY_TIMEOUT);
-        let mut connection = self.lock();
+        let mut connection = self.own_reader()?;
         // A read transaction: one snapshot of the head and the rows together.
         let snapshot = connection.transaction().map_err(sqlite)?;
         let report = walk(&snapshot, anchor).map_err(sqlite)?;
@@ -301,4 +343,30 @@ fn walk(connection: &Connection, anchor: Option<&ChainHead>) -> rusqlite::Result
         return Ok(chain.broken(next_seq, None, Problem::AnchorMissing { anchor: anchor.clone() }));
     }
     Ok(chain.report(None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_walk_does_not_hold_the_shared_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(AuditStore::open(&dir.path().join("audit.sqlite3")).unwrap());
+        let record = airlock_policy::RunRecord { id: "r1".to_owned(), ..airlock_policy::RunRecord::default() };
+        store.append(&record, None).unwrap();
+        // The shared connection busy (a page being served, an append)...
+        let busy = store.lock();
+        let (done, report) = std::sync::mpsc::channel();
+        let walker = std::thread::spawn({
+            let store = store.clone();
+            move || done.send(store.verify().map(|report| report.is_intact())).unwrap()
+        });
+        // ...does not stop a walk. (Were it to, this fails after a minute
+        // rather than hanging: the lock is let go below.)
+        let walked = report.recv_timeout(std::time::Duration::from_secs(60));
+        drop(busy);
+        walker.join().unwrap();
+        assert!(matches!(walked, Ok(Ok(true))), "{walked:?}");
+    }
 }

@@ -9,7 +9,7 @@ mod common;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
-use airlock_audit::{APPLICATION_ID, AuditError, AuditStore, ListFilter, Problem};
+use airlock_audit::{APPLICATION_ID, AuditError, AuditStore, ListFilter, Problem, SCHEMA_VERSION};
 use airlock_policy::Status;
 use common::{record, temp_db};
 use rusqlite::Connection;
@@ -88,7 +88,7 @@ fn refuses_a_database_from_a_newer_airlock() {
     drop(AuditStore::open(&path).unwrap());
     Connection::open(&path).unwrap().execute("UPDATE schema_version SET version = 99", []).unwrap();
     let error = AuditStore::open(&path).unwrap_err();
-    assert!(matches!(error, AuditError::NewerSchema { found: 99, supported: 1, .. }), "{error}");
+    assert!(matches!(error, AuditError::NewerSchema { found: 99, supported: SCHEMA_VERSION, .. }), "{error}");
     assert!(error.to_string().contains("newer"), "{error}");
 }
 

@@ -1,4 +1,5 @@
-//! `airlock audit`: check the chain, show a run, list runs.
+//! `airlock audit`: check the chain, show a run, list runs, and browse them
+//! all in the console on loopback.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,12 +37,24 @@ enum AuditCommand {
         /// The run id.
         id: String,
         /// Print the stored entry as JSON.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "html")]
         json: bool,
+        /// Print a self-contained HTML report (figures embedded, readable offline): `> run.html`.
+        #[arg(long)]
+        html: bool,
     },
+    /// Browse the runs in the audit console, served on loopback for you alone.
+    Ui {
+        /// Where to listen: a loopback address [default: 127.0.0.1:0, a free port].
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+        listen: String,
+    },
+    /// Bring a store written by an older airlock to the current schema (the
+    /// other commands read it as it is; recording a run migrates it too).
+    Migrate,
     /// List runs, newest first.
     List {
-        /// Only runs with this status (ok, failed, timeout, memory_limit, cpu_limit, output_limit, sandbox_error).
+        /// Only runs with this status (ok, failed, timeout, memory_limit, cpu_limit, output_limit, sandbox_error, internal_error).
         #[arg(long)]
         status: Option<String>,
         /// Only runs started at or after this time (RFC 3339, or a date).
@@ -70,8 +83,17 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         Some(path) => path,
         None => AuditStore::default_path()?,
     };
-    // Every subcommand reads: a missing file is a wrong path, not a store to start.
+    // Every subcommand but migrate only reads: a missing file is a wrong
+    // path, not a store to start, and an older schema is read as it is.
     let store = AuditStore::open_existing(&path)?;
+    if let AuditCommand::Migrate = args.command {
+        let was_current = store.is_current();
+        drop(store);
+        let store = AuditStore::open(&path)?;
+        let done = if was_current { "already had" } else { "now has" };
+        println!("{} {done} audit schema version {}", store.path().display(), airlock::audit::SCHEMA_VERSION);
+        return Ok(ExitCode::SUCCESS);
+    }
     match args.command {
         AuditCommand::Verify { anchor, json } => {
             let report = match anchor {
@@ -89,13 +111,20 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(if report.is_intact() { ExitCode::SUCCESS } else { ExitCode::from(CHAIN_BROKEN) })
         }
-        AuditCommand::Show { id, json } => {
+        AuditCommand::Show { id, json, html } => {
             let run = store.get(&id)?.with_context(|| format!("there is no run {id:?} in {}", path.display()))?;
-            if json {
+            if html {
+                print!("{}", airlock_server::console::report(&run, &store)?);
+            } else if json {
                 println!("{}", serde_json::to_string_pretty(&run)?);
             } else {
                 print!("{}", airlock::audit::render(&run));
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Migrate => Ok(ExitCode::SUCCESS),
+        AuditCommand::Ui { listen } => {
+            ui(store, &listen)?;
             Ok(ExitCode::SUCCESS)
         }
         AuditCommand::List { status, since, until, principal, limit, cursor, json } => {
@@ -130,4 +159,32 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Serves the console on a loopback address until SIGINT or SIGTERM. The
+/// sign-in token is made now and printed: other users of this machine can
+/// reach loopback too, and any web page can send requests to it.
+fn ui(store: AuditStore, listen: &str) -> anyhow::Result<()> {
+    let address: std::net::SocketAddr =
+        listen.parse().with_context(|| format!("--listen {listen:?}: write an address such as 127.0.0.1:8760"))?;
+    if !address.ip().is_loopback() {
+        anyhow::bail!(
+            "--listen {listen}: `airlock audit ui` serves one person on their own machine, on loopback only \
+             (127.0.0.1 or [::1]); to serve others, use `airlock serve`, whose tokens say who sees what"
+        );
+    }
+    let (console, token) = airlock_server::console::Console::for_one_person(std::sync::Arc::new(store), "local")
+        .context("making the sign-in token")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(address).await.with_context(|| format!("listening on {address}"))?;
+        let bound = listener.local_addr().context("reading the listening address")?;
+        // Scripts read these lines to find the port and the token.
+        eprintln!("airlock: console at http://{bound}/ui");
+        eprintln!("airlock: sign in with the token {token}");
+        airlock_server::console::serve(console, listener, airlock_server::shutdown_signal()).await?;
+        anyhow::Ok(())
+    })
 }

@@ -73,7 +73,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run(args) => run_cmd::run(*args),
-        Command::Image(command) => image_cmd::run(command).map(|()| ExitCode::SUCCESS),
+        Command::Image(command) => image_cmd::run(command),
         Command::Audit(args) => audit_cmd::run(args),
         Command::Serve(args) => serve_cmd::serve(args).map(|()| ExitCode::SUCCESS),
         Command::Mcp(args) => serve_cmd::mcp(args).map(|()| ExitCode::SUCCESS),

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use airlock::audit::AuditStore;
 use airlock::{
-    Audit, Language, Output, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxOptions, SandboxPath, Status,
+    Audit, CopyIn, Language, Output, Policy, PolicySpec, RunError, RunRecord, RunRequest, SandboxOptions, SandboxPath,
+    Status,
 };
 use anyhow::{Context, bail};
 use clap::Args;
@@ -75,6 +76,10 @@ pub struct RunArgs {
     /// Run this host interpreter as it is, instead of an image.
     #[arg(long, value_name = "INTERPRETER")]
     python: Option<String>,
+    /// Add this package to the image, from its vetted set (`airlock image show NAME`
+    /// lists it): built once into a derived image, cached. Repeatable.
+    #[arg(long = "with", value_name = "PKG")]
+    with_packages: Vec<String>,
     /// Allow the code to reach this host through airlock's proxy: HOST[:PORT],
     /// `*.DOMAIN[:PORT]` for subdomains, or an IP literal; without a port, 443 and 80. Repeatable.
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
@@ -122,8 +127,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         },
     };
     let policy = policy_from_args(&args)?;
-    let inputs =
-        args.files.iter().map(|f| parse_file(f, policy.limits.file_bytes)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut inputs = CopyIn::new(&policy.limits);
+    for arg in &args.files {
+        let (host, path) = parse_file(arg)?;
+        inputs.add_host_file(&host, path).with_context(|| format!("--file {arg}"))?;
+    }
     let outputs = args.outs.iter().map(|o| parse_out(o)).collect::<anyhow::Result<Vec<_>>>()?;
     let stdin = match &args.stdin {
         None => Vec::new(),
@@ -149,12 +157,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         python: args.python.clone(),
         on_build: Some(&mut progress),
         audit,
+        images: None,
+        backend: None,
     })?;
-    for (host, sandbox_path) in &inputs {
-        let data = std::fs::read(host).with_context(|| format!("--file {}", host.display()))?;
-        sandbox.write(&sandbox_path.to_string(), &data)?;
-    }
-    let request = RunRequest { code, language, stdin, cwd: None, display_name: Some(display_name), outputs };
+    inputs.write_into(&mut sandbox)?;
+    let request =
+        RunRequest { code, language, stdin, cwd: None, display_name: Some(display_name), outputs, limits: None };
     // A run that could not be recorded is shown, then fails the command.
     let (mut record, unrecorded) = match sandbox.run_checked(&request) {
         Ok(record) => (record, None),
@@ -195,7 +203,7 @@ fn exit_status(record: &RunRecord) -> u8 {
         Status::Ok => 0,
         Status::Timeout => exit::TIMEOUT,
         Status::MemoryLimit | Status::CpuLimit | Status::OutputLimit => exit::KILLED,
-        Status::SandboxError => exit::SANDBOX_ERROR,
+        Status::SandboxError | Status::InternalError => exit::SANDBOX_ERROR,
         Status::Failed => match (record.exit_code, record.signal) {
             (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
             (None, Some(signal)) => u8::try_from((128 + signal) & 0xff).unwrap_or(1),
@@ -265,13 +273,14 @@ fn policy_from_args(args: &RunArgs) -> anyhow::Result<Policy> {
         max_network_bytes_in: args.max_network_bytes_in,
         max_network_bytes_out: args.max_network_bytes_out,
         max_connections: args.max_connections,
+        with_packages: (!args.with_packages.is_empty()).then(|| args.with_packages.clone()),
         ..PolicySpec::default()
     };
     Ok(Policy::from_spec(&spec, &airlock::host_facts()?)?)
 }
 
-/// `HOST[:SANDBOX]`: the host file must exist, be a regular file and fit.
-fn parse_file(arg: &str, max_bytes: u64) -> anyhow::Result<(PathBuf, SandboxPath)> {
+/// `HOST[:SANDBOX]` (default `/work/<name>`).
+fn parse_file(arg: &str) -> anyhow::Result<(PathBuf, SandboxPath)> {
     let (host, inside) = match arg.split_once(':') {
         Some((h, s)) => (PathBuf::from(h), s.to_owned()),
         None => {
@@ -284,17 +293,6 @@ fn parse_file(arg: &str, max_bytes: u64) -> anyhow::Result<(PathBuf, SandboxPath
             (host, format!("/work/{name}"))
         }
     };
-    let meta = std::fs::metadata(&host).with_context(|| format!("--file {}", host.display()))?;
-    if !meta.is_file() {
-        bail!("--file {}: not a regular file", host.display());
-    }
-    if meta.len() > max_bytes {
-        bail!(
-            "--file {}: {} bytes is above the {max_bytes}-byte cap per file; raise it or copy less",
-            host.display(),
-            meta.len()
-        );
-    }
     let path = SandboxPath::parse(&inside).with_context(|| format!("--file {arg:?}"))?;
     Ok((host, path))
 }

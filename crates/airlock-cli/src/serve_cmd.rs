@@ -73,6 +73,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
     let config = load(args.config.as_ref(), &args.files)?;
     let engine = airlock_server::start(&config)?;
-    runtime()?.block_on(airlock_server::serve_stdio(engine, args.principal, airlock_server::shutdown_signal()))?;
-    Ok(())
+    let runtime = runtime()?;
+    let served =
+        runtime.block_on(airlock_server::serve_stdio(engine, args.principal, airlock_server::shutdown_signal()));
+    // The thread reading standard input blocks until the client closes it;
+    // after a signal nothing will, so the runtime does not wait for it.
+    runtime.shutdown_background();
+    Ok(served?)
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use airlock_policy::{
-    BackendKind, HostFacts, Isolation, Language, Layer, Limit, NetworkRecord, Policy, SandboxPath, Status, Usage,
+    BackendKind, HostFacts, Isolation, Language, Layer, Limit, Limits, NetworkRecord, Policy, SandboxPath, Status,
+    Usage,
 };
 
 use crate::driver::DriverReport;
@@ -73,8 +74,14 @@ pub trait Instance: Send {
     fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError>;
 
     /// Runs one job in a fresh process tree (or fresh instance) and reports
-    /// what happened. Returns `Err` only when the sandbox itself failed.
+    /// what happened. Returns `Err` only when the code never started; once
+    /// it has, every failure of the backend's own is in the execution
+    /// (status `internal_error`), beside everything observed.
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError>;
+
+    /// Makes later runs obey `limits` (a caller's per-run limits, already
+    /// checked against the host). The rest of the policy stays as created.
+    fn set_limits(&mut self, limits: Limits);
 }
 
 /// One piece of code to run.

@@ -1,8 +1,13 @@
 # airlock's Python driver: runs the user's code the way a notebook runs a cell.
 #
-# It adds three things to a plain `python script.py`: the repr of a last
-# expression comes back as `value`; an uncaught exception comes back as a
-# structured `error` whose traceback has this file's frames removed; every
+# It adds what a notebook adds to a plain `python script.py`: the last
+# expression, found by a notebook's rules (the last statement, also on a line
+# it shares with others; not when a `;` ends it), comes back as `value` and as
+# a rich result; `display()` is a builtin whose every call is a rich result
+# (text/plain, text/html, image/png and the like, in order, each capped); an
+# uncaught exception comes back as a structured `error` whose line is the
+# user's own (the last frame in the code, library frames kept in the
+# traceback) and whose traceback has this file's frames removed; every
 # matplotlib figure shown or still open at the end comes back as a PNG.
 #
 # It runs inside the sandbox, in the same process as the user's code, so the
@@ -15,7 +20,7 @@
 # needed only when there is something to report (an error, figures) lives in
 # driver_report.py, beside it, loaded then.
 #
-# argv: driver.py CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP
+# argv: driver.py CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP MAX_RESULTS
 
 import sys
 
@@ -26,9 +31,19 @@ _DRIVER_DIR = _DRIVER_FILE.rpartition("/")[0]
 def _run():
     _enter_work_dir()
     code_path, display_name, report_path = sys.argv[1], sys.argv[2], sys.argv[3]
-    value_cap, max_figures, figure_cap = (int(x) for x in sys.argv[4:7])
-    state = {"report": {}, "figures": [], "max_figures": max_figures, "figure_cap": figure_cap}
+    value_cap, max_figures, figure_cap, max_results = (int(x) for x in sys.argv[4:8])
+    state = {
+        "report": {},
+        "figures": [],
+        "results": [],
+        "code_file": display_name,
+        "value_cap": value_cap,
+        "max_figures": max_figures,
+        "figure_cap": figure_cap,
+        "max_results": max_results,
+    }
     _register_matplotlib_backend(state)
+    _register_display(state)
 
     with open(code_path, "rb") as f:
         source = f.read()
@@ -55,11 +70,7 @@ def _run():
         if last is not None:
             value = eval(last, main.__dict__)
             if value is not None:
-                text = repr(value)
-                if len(text) > value_cap:
-                    report["value_truncated"] = True
-                    text = text[:value_cap]
-                report["value"] = text
+                _extras().report_value(value, state)
     except SystemExit as exc:
         exit_code = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - every uncaught exception is the user's result
@@ -73,7 +84,7 @@ def _run():
             stream.flush()
         except Exception:
             pass
-    if report or state["figures"]:
+    if report or state["figures"] or state["results"]:
         _extras().write_report(report_path, state)
     return exit_code
 
@@ -106,6 +117,14 @@ def _register_matplotlib_backend(state):
     sys.modules["airlock_inline_backend"] = module
 
 
+def _register_display(state):
+    """Makes `display(obj, ...)` a builtin, as in a notebook. It costs a
+    lambda until it is called."""
+    import builtins
+
+    builtins.display = lambda *objs, **kwargs: _extras().display(state, objs, kwargs)
+
+
 def _enter_work_dir():
     """Moves to AIRLOCK_CWD when the backend sets it (WASI has no working
     directory to inherit), and removes it, so the code sees only its own env."""
@@ -125,6 +144,10 @@ def _split_last_expression(source, filename):
     what comes before is a whole program. A prefix that parses on its own
     ends where the full parse has a statement boundary too, so the split is
     exactly the one an AST would give.
+
+    The last statement may share its line with others (`x = 1; x + 1`), and
+    no line then splits it: only then, when the code holds a `;`, is the AST
+    asked (driver_report.py).
     """
     whole = compile(source, filename, "exec", dont_inherit=True)
     try:
@@ -140,8 +163,13 @@ def _split_last_expression(source, filename):
             last = compile("\n" * index + "".join(lines[index:]), filename, "eval", dont_inherit=True)
             body = compile("".join(lines[:index]), filename, "exec", dont_inherit=True)
         except SyntaxError:
+            if ";" in line:
+                return _extras().split_on_ast(source, filename, whole)
             continue
         return body, last
+    if b";" in source:
+        # The last statement may start after a `;` on a continued line.
+        return _extras().split_on_ast(source, filename, whole)
     return whole, None
 
 

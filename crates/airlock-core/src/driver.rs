@@ -5,7 +5,9 @@
 //! returns the last expression's value, structured errors and figures through
 //! a report file. Shell code runs under `/bin/sh` as it is.
 
-use airlock_policy::{ErrorInfo, Language};
+use std::collections::BTreeMap;
+
+use airlock_policy::{DisplayResult, ErrorInfo, Language, ResultKind};
 use base64::Engine;
 use serde::Deserialize;
 
@@ -27,10 +29,13 @@ pub const REPORT_FILE: &str = "report";
 /// Caps on what the driver may report. The supervisor enforces them again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReportCaps {
-    /// Characters of the last expression's repr.
+    /// Characters of the last expression's repr, and of each text
+    /// representation of a rich result.
     pub value_chars: usize,
     pub max_figures: usize,
-    /// Bytes of one PNG.
+    /// Rich results (`display()` calls and the value) kept per run.
+    pub max_results: usize,
+    /// Bytes of one PNG, figure or rich result's image.
     pub figure_bytes: usize,
     /// Bytes of the whole report as read from the sandbox.
     pub report_bytes: usize,
@@ -41,6 +46,7 @@ impl Default for ReportCaps {
         ReportCaps {
             value_chars: 64 * 1024,
             max_figures: 16,
+            max_results: 32,
             figure_bytes: 4 * 1024 * 1024,
             report_bytes: 24 * 1024 * 1024,
         }
@@ -80,6 +86,7 @@ pub fn program(job: &Job, runtime: &Runtime, caps: &ReportCaps) -> Program {
                 caps.value_chars.to_string(),
                 caps.max_figures.to_string(),
                 caps.figure_bytes.to_string(),
+                caps.max_results.to_string(),
             ],
             files: vec![
                 ProgramFile { name: "driver.py", content: DRIVER_SOURCE.to_owned() },
@@ -109,6 +116,8 @@ pub struct Figure {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DriverReport {
     pub value: Option<String>,
+    /// Rich results in order, each representation checked.
+    pub results: Vec<DisplayResult>,
     pub error: Option<ErrorInfo>,
     /// The module a `ModuleNotFoundError` named.
     pub missing_module: Option<String>,
@@ -129,6 +138,18 @@ struct RawReport {
     figure_errors: Vec<String>,
     #[serde(default)]
     figures_dropped: u32,
+    #[serde(default)]
+    results: Vec<RawResult>,
+    #[serde(default)]
+    result_errors: Vec<String>,
+    #[serde(default)]
+    results_dropped: u32,
+}
+
+#[derive(Deserialize)]
+struct RawResult {
+    kind: ResultKind,
+    data: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -211,7 +232,62 @@ pub fn parse_report(bytes: &[u8], caps: &ReportCaps) -> DriverReport {
     if raw.figures_dropped > 0 {
         report.problems.push(format!("{} figures past the cap were not rendered", raw.figures_dropped));
     }
+    for result in raw.results {
+        if report.results.len() >= caps.max_results {
+            report.problems.push(format!("rich results past the first {} were dropped", caps.max_results));
+            break;
+        }
+        if let Some(result) = check_result(result, caps, &mut report.problems) {
+            report.results.push(result);
+        }
+    }
+    report.problems.extend(raw.result_errors.into_iter().take(16).map(|e| cap_chars(e, 1000)));
+    if raw.results_dropped > 0 {
+        report.problems.push(format!("{} rich results past the cap were not kept", raw.results_dropped));
+    }
     report
+}
+
+/// One rich result from inside the sandbox: known MIME types only, text
+/// within the value cap (text/plain cut, other text dropped: cut markup is
+/// broken markup), images decoded and checked like figures.
+fn check_result(raw: RawResult, caps: &ReportCaps, problems: &mut Vec<String>) -> Option<DisplayResult> {
+    let mut data = BTreeMap::new();
+    for (mime, content) in raw.data {
+        let Some(known) = DisplayResult::TYPES.iter().find(|known| **known == mime) else {
+            problems.push(format!("a rich result's {:?} is not a type airlock returns", cap_chars(mime, 100)));
+            continue;
+        };
+        if DisplayResult::BINARY_TYPES.contains(known) {
+            match base64::engine::general_purpose::STANDARD.decode(content.as_bytes()) {
+                Ok(bytes) if bytes.len() > caps.figure_bytes => {
+                    problems.push(format!("a rich result's {known} was above the cap of {} bytes", caps.figure_bytes))
+                }
+                Ok(bytes) if image_matches(known, &bytes) => {
+                    data.insert((*known).to_owned(), content);
+                }
+                _ => problems.push(format!("a rich result's {known} was not a valid image and was dropped")),
+            }
+        } else if content.chars().nth(caps.value_chars).is_none() {
+            data.insert((*known).to_owned(), content);
+        } else if *known == "text/plain" {
+            data.insert((*known).to_owned(), cap_chars(content, caps.value_chars));
+        } else {
+            problems.push(format!("a rich result's {known} was above the cap of {} characters", caps.value_chars));
+        }
+    }
+    // Every result can be read as text.
+    data.entry("text/plain".to_owned()).or_default();
+    Some(DisplayResult { kind: raw.kind, data })
+}
+
+/// Whether `bytes` look like an image of type `mime`.
+fn image_matches(mime: &str, bytes: &[u8]) -> bool {
+    match mime {
+        "image/png" => png_size(bytes).is_some(),
+        "image/jpeg" => bytes.starts_with(&[0xFF, 0xD8, 0xFF]),
+        _ => false,
+    }
 }
 
 fn cap_chars(mut text: String, max: usize) -> String {
@@ -276,5 +352,29 @@ mod tests {
         assert_eq!(r.problems.len(), 1);
         let caps = ReportCaps { report_bytes: 4, ..ReportCaps::default() };
         assert_eq!(parse_report(b"{\"value\": \"x\"}", &caps).problems.len(), 1);
+    }
+
+    #[test]
+    fn rich_results_are_checked_like_figures() {
+        let png = base64::engine::general_purpose::STANDARD.encode(tiny_png(2, 2));
+        let json = format!(
+            r#"{{"results": [
+                {{"kind": "display", "data": {{"text/plain": "a", "text/html": "<b>a</b>", "image/png": "{png}"}}}},
+                {{"kind": "display", "data": {{"image/png": "bm90IGEgcG5n", "application/x-evil": "x"}}}},
+                {{"kind": "value", "data": {{"text/plain": "xxxxxxxx", "text/html": "<table>xxxxxxxx</table>"}}}}
+            ]}}"#
+        );
+        let caps = ReportCaps { value_chars: 10, ..ReportCaps::default() };
+        let r = parse_report(json.as_bytes(), &caps);
+        assert_eq!(r.results.len(), 3);
+        assert_eq!(r.results[0].data.len(), 3, "{:?}", r.results[0]);
+        assert_eq!(
+            r.results[1].data.keys().collect::<Vec<_>>(),
+            ["text/plain"],
+            "a bad PNG and an unknown type are dropped"
+        );
+        assert_eq!((r.results[2].kind, r.results[2].text()), (ResultKind::Value, "xxxxxxxx"));
+        assert!(!r.results[2].data.contains_key("text/html"), "cut markup is dropped, not cut");
+        assert_eq!(r.problems.len(), 3, "{:?}", r.problems);
     }
 }

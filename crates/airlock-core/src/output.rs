@@ -57,6 +57,17 @@ impl CappedBuffer {
         !was_over && self.captured.truncated()
     }
 
+    /// Counts `bytes` the stream carried past the cap without keeping them
+    /// (they were discarded unread).
+    pub fn skip(&mut self, bytes: u64) {
+        self.captured.total = self.captured.total.saturating_add(bytes);
+    }
+
+    /// Bytes the stream carried so far, kept or not.
+    pub fn total(&self) -> u64 {
+        self.captured.total
+    }
+
     pub fn is_over(&self) -> bool {
         self.captured.truncated()
     }

@@ -64,6 +64,7 @@ pub fn assemble(ctx: &RunContext<'_>, execution: Execution) -> RunRecord {
     record.network = execution.network;
     if let Some(report) = execution.report {
         record.value = report.value;
+        record.results = report.results;
         record.error = report.error;
         if let (Some(module), Some(error)) = (&report.missing_module, record.error.as_mut()) {
             error.message = missing_module_message(module, &error.message, ctx);
@@ -98,14 +99,26 @@ fn missing_module_message(module: &str, original: &str, ctx: &RunContext<'_>) ->
     let top = module.split('.').next().unwrap_or(module);
     let image = ctx.image.as_ref().map_or("the host interpreter".to_owned(), |i| format!("image {:?}", i.name));
     format!(
-        "{original}. The code ran in {image} ({}), which does not have it. \
-         Build an image that does: put `{top}` in a requirements file and run \
-         `airlock image build NAME --requirements FILE`, then run with --image NAME.",
+        "{original}. The code ran in {image} ({}), which does not have it; use what it has.{OPERATOR_ADVICE} put \
+         `{top}` in a requirements file and run `airlock image build NAME --requirements FILE`, then run with \
+         --image NAME.",
         ctx.runtime_description
     )
 }
 
-/// The record of a run whose sandbox failed before or while running the code.
+/// Where the advice to whoever runs airlock begins in an error message (a
+/// missing module: build an image). A door that shows the message to a
+/// model, which cannot act on it, cuts it there ([`without_operator_advice`]).
+pub const OPERATOR_ADVICE: &str = " To add it to the sandbox:";
+
+/// `message` without the advice meant for whoever runs airlock.
+pub fn without_operator_advice(message: &str) -> &str {
+    message.split_once(OPERATOR_ADVICE).map_or(message, |(before, _)| before)
+}
+
+/// The record of a run whose sandbox never started the code. (Once the code
+/// has started, the backend's [`Execution`] carries everything observed, and
+/// [`assemble`] makes the record even when airlock itself failed.)
 pub fn sandbox_error(ctx: &RunContext<'_>, error: &SandboxError, isolation: Isolation) -> RunRecord {
     let mut record = ctx.base();
     record.status = Status::SandboxError;

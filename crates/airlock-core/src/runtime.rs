@@ -11,20 +11,50 @@ use airlock_policy::{ImageRef, Policy};
 pub const BASE_ENV: [(&str, &str); 4] =
     [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", "/tmp"), ("LANG", "C.UTF-8"), ("TMPDIR", "/tmp")];
 
+/// Where a runtime's interpreter installation appears in the sandbox,
+/// whatever its path on the host: a fixed path, so that nothing the code can
+/// read (`sys.executable`, /proc/self/mountinfo) names the host's folders.
+pub const PYTHON_MOUNT: &str = "/opt/airlock/python";
+
 /// A host folder a runtime needs, and where it appears in the sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeMount {
     pub host: PathBuf,
     pub sandbox: PathBuf,
+    /// Whether the code may write below it. Only an image build asks for
+    /// this, for the one directory it fills: the new environment, or the
+    /// folder downloads land in. The backend hands such a directory to the
+    /// sandbox's host user for the sandbox's life (as root: chown to it), and
+    /// whoever asked takes it back and checks what is in it afterwards.
+    pub writable: bool,
 }
 
 impl RuntimeMount {
-    /// A folder that appears at the same path inside as outside (an
+    /// A read-only folder at `sandbox`.
+    pub fn read_only(host: impl Into<PathBuf>, sandbox: impl Into<PathBuf>) -> RuntimeMount {
+        RuntimeMount { host: host.into(), sandbox: sandbox.into(), writable: false }
+    }
+
+    /// A read-only folder that appears at the same path inside as outside (an
     /// interpreter whose library path is compiled in).
     pub fn same_path(path: impl Into<PathBuf>) -> RuntimeMount {
         let path = path.into();
-        RuntimeMount { host: path.clone(), sandbox: path }
+        RuntimeMount::read_only(path.clone(), path)
     }
+
+    /// A host directory the code may write, at `sandbox`. See [`RuntimeMount::writable`].
+    pub fn writable(host: impl Into<PathBuf>, sandbox: impl Into<PathBuf>) -> RuntimeMount {
+        RuntimeMount { host: host.into(), sandbox: sandbox.into(), writable: true }
+    }
+}
+
+/// A small file or link a runtime needs in the sandbox, written by airlock
+/// into the sandbox's own root (a venv's `pyvenv.cfg` naming where its
+/// interpreter is inside, the venv's `bin/python`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuntimeFile {
+    Text { sandbox: PathBuf, content: String },
+    Link { sandbox: PathBuf, target: PathBuf },
 }
 
 /// A Python runtime: an interpreter on the host, and what it needs to run.
@@ -33,8 +63,11 @@ pub struct Runtime {
     /// The interpreter to execute, as a path inside the sandbox.
     pub python: PathBuf,
     /// Host folders the interpreter needs (its installation, an image's
-    /// packages), mounted read-only. The host's /usr is always there.
+    /// packages), mounted read-only unless marked writable. The host's /usr
+    /// is always there.
     pub mounts: Vec<RuntimeMount>,
+    /// Files and links made in the sandbox's root for the runtime.
+    pub files: Vec<RuntimeFile>,
     /// Variables the runtime sets (the matplotlib backend...); the policy's
     /// own `env` is applied over these.
     pub env: BTreeMap<String, String>,

@@ -8,22 +8,37 @@
 //! so each sits in one place and reads top to bottom.
 
 use std::convert::Infallible;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use airlock_policy::Layer;
+use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 
-use crate::protocol::{self, CgroupEntry, Failure, Reply, Request, RunPlan, SetupPlan};
+use crate::hostid::IdMapping;
+use crate::protocol::{self, CgroupEntry, CodeSetup, Control, Failure, Reply, Request, RunPlan, SetupPlan};
 use crate::sys::{self, Forked};
-use crate::{caps, cgroup, landlock, limits, mounts, network, probe, process, userns};
+use crate::{caps, cgroup, copy, landlock, limits, mounts, network, observe, probe, process, userns};
 
-/// The namespaces each run gets, on top of the sandbox's user and mount
-/// namespaces (the mount namespace is copied, so mounts stay per run).
-const RUN_NAMESPACES: u64 = (libc::CLONE_NEWPID
-    | libc::CLONE_NEWNS
-    | libc::CLONE_NEWNET
-    | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUTS
-    | libc::CLONE_NEWCGROUP) as u64;
+/// The namespaces each run's init is made in, on top of the sandbox's user
+/// and mount namespaces (the mount namespace is copied, so mounts stay per
+/// run). Its cgroup namespace it makes itself, once inside the run's cgroup,
+/// so that the run sees that cgroup as its root.
+const RUN_NAMESPACES: u64 =
+    (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) as u64;
+
+/// The init's namespaces the code joins, as the init hands them to the
+/// helper (the code is born in the first; its mount namespace, with the
+/// run's root, it joins last). Descriptors of the namespaces rather than the
+/// init's pidfd: setns through a pidfd asks to trace the init, which is
+/// undumpable.
+const JOINED_NAMESPACES: [(&str, LinkNameSpaceType); 6] = [
+    ("pid", LinkNameSpaceType::ProcessID),
+    ("net", LinkNameSpaceType::Network),
+    ("ipc", LinkNameSpaceType::InterProcessCommunication),
+    ("uts", LinkNameSpaceType::HostNameAndNISDomainName),
+    ("cgroup", LinkNameSpaceType::ControlGroup),
+    ("mnt", LinkNameSpaceType::Mount),
+];
 
 /// The helper's `main`.
 pub fn main() -> ! {
@@ -35,6 +50,7 @@ pub fn main() -> ! {
     let outcome = match protocol::recv_request(socket.as_fd()) {
         Ok((Request::Setup(plan), _)) => setup(&plan, socket.as_fd()),
         Ok((Request::Run(plan), fds)) => run(&plan, fds, socket.as_fd()),
+        Ok((Request::Open(plan), fds)) => copy::open_for_supervisor(&plan, fds, socket.as_fd()),
         Err(e) => Err(Failure::plain("read the request", e.to_string())),
     };
     match outcome {
@@ -57,21 +73,42 @@ fn take_socket() -> std::io::Result<OwnedFd> {
 }
 
 /// Makes a sandbox: its user and mount namespaces and the stage tmpfs with
-/// /work, /tmp and the root, finished but for /proc and the program. The namespaces outlive this process
-/// through the descriptors it hands back.
+/// /work, /tmp and the root, finished but for /proc and the program. The
+/// namespaces outlive this process through the descriptors it hands back.
 fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
     process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
-    userns::enter_new()?;
-    // Cloned with the caller's access to the host's files: the Python
-    // installation may lie below a folder only the caller may enter.
-    let trees = mounts::clone_binds(&plan.binds)?;
-    userns::become_sandbox_user()?;
+    let (bytes, inodes) = (plan.tmpfs_bytes, plan.tmpfs_inodes);
+    let shown = match plan.ids {
+        // Root builds the root in a mount namespace of its own, with its
+        // access to the host's files, every file of it the sandbox user's;
+        // then becomes that user for good, who makes the user namespace (one
+        // it owns: the kernel charges its per-user budgets to this id alone)
+        // with a copy of the finished root in it.
+        IdMapping::Reserved { uid, gid } => {
+            mounts::enter_private_namespace()?;
+            let trees = mounts::hide_host_paths(mounts::clone_binds(&plan.binds)?)?;
+            mounts::build_root(bytes, inodes, &plan.layout, trees.trees, Some((uid, gid)))?;
+            userns::become_host_ids(uid, gid)?;
+            userns::enter_new(&plan.ids)?;
+            userns::become_sandbox_user()?;
+            trees.host_paths_shown
+        }
+        // An ordinary user makes the namespace first (it needs no privilege
+        // then), clones the trees with its own access to the host's files
+        // (the Python installation may lie below a folder only it may
+        // enter), and builds the root as the sandbox's user.
+        IdMapping::Caller | IdMapping::Subordinate { .. } => {
+            userns::enter_new(&plan.ids)?;
+            let clones = mounts::clone_binds(&plan.binds)?;
+            userns::become_sandbox_user()?;
+            let trees = mounts::hide_host_paths(clones)?;
+            mounts::build_root(bytes, inodes, &plan.layout, trees.trees, None)?;
+            trees.host_paths_shown
+        }
+    };
     // Again: the change of user cleared it.
     process::die_with_parent(Some(plan.supervisor_pid))?;
-    mounts::mount_stage(plan.tmpfs_bytes, plan.tmpfs_inodes)?;
-    mounts::create_layout(&plan.layout)?;
-    mounts::attach_root(trees)?;
     let fds = [
         userns::open_own("user")?,
         userns::open_own("mnt")?,
@@ -80,105 +117,171 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
         mounts::open_stage_dir("tmp")?,
     ];
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-    protocol::send(socket, &Reply::SetupDone, &borrowed).map_err(|e| Failure::new("hand over the sandbox", "", &e))
+    protocol::send(socket, &Reply::SetupDone { host_paths_shown: shown }, &borrowed)
+        .map_err(|e| Failure::new("hand over the sandbox", "", &e))
 }
 
-/// Runs one job: joins the sandbox, makes the run's own namespaces, and
-/// stays as the parent of the sandbox's init until it ends.
+/// The descriptors a run's request brings: the sandbox's namespaces, the
+/// code's three streams, the run's cgroup.
+struct RunFds {
+    user_ns: OwnedFd,
+    mount_ns: OwnedFd,
+    stdio: [OwnedFd; 3],
+    cgroup: Vec<OwnedFd>,
+}
+
+impl RunFds {
+    fn take(plan: &RunPlan, fds: Vec<OwnedFd>) -> Result<RunFds, Failure> {
+        let mut fds = fds.into_iter();
+        let mut next = || fds.next().ok_or_else(|| Failure::plain("read the request", "a descriptor is missing"));
+        let (user_ns, mount_ns, stdin, stdout, stderr) = (next()?, next()?, next()?, next()?, next()?);
+        let cgroup: Vec<OwnedFd> = fds.collect();
+        if cgroup.len() != plan.cgroup_fds || (plan.cgroup == CgroupEntry::CloneInto && cgroup.len() != 1) {
+            return Err(Failure::plain(
+                "read the request",
+                format!("expected {} cgroup descriptors, received {}", plan.cgroup_fds, cgroup.len()),
+            ));
+        }
+        Ok(RunFds { user_ns, mount_ns, stdio: [stdin, stdout, stderr], cgroup })
+    }
+
+    /// The cgroup directory the helper makes the run's processes in (v2).
+    fn clone_into(&self, plan: &RunPlan) -> Option<BorrowedFd<'_>> {
+        (plan.cgroup == CgroupEntry::CloneInto).then(|| self.cgroup.first().map(AsFd::as_fd)).flatten()
+    }
+
+    /// The `tasks` files the run's processes move themselves with (v1).
+    fn tasks(&self, plan: &RunPlan) -> &[OwnedFd] {
+        if plan.cgroup == CgroupEntry::EnterTasks { &self.cgroup } else { &[] }
+    }
+}
+
+/// Runs one job, in two steps: make the sandbox ready (the run's init and
+/// its root), then, when the supervisor releases it, the code. The helper
+/// stays outside the run: the parent of both, which no process of the run
+/// can name, signal, trace or limit; it sees how the code ends and says so.
 fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), Failure> {
-    if fds.len() < 5 {
-        return Err(Failure::plain("read the request", "expected at least five descriptors"));
-    }
-    let mut fds = fds.into_iter();
-    let mut next = || fds.next().ok_or_else(|| Failure::plain("read the request", "a descriptor is missing"));
-    let (user_ns, mount_ns, stdin, stdout, stderr) = (next()?, next()?, next()?, next()?, next()?);
-    let cgroup_fds: Vec<OwnedFd> = fds.collect();
-    if cgroup_fds.len() != plan.cgroup_fds {
-        return Err(Failure::plain(
-            "read the request",
-            format!("expected {} cgroup descriptors, received {}", plan.cgroup_fds, cgroup_fds.len()),
-        ));
-    }
+    let fds = RunFds::take(plan, fds)?;
     process::die_with_parent(Some(plan.supervisor_pid))?;
-    // Into the run's cgroup before anything of the run exists.
-    let into_cgroup = match plan.cgroup {
-        CgroupEntry::None => None,
-        CgroupEntry::EnterTasks => {
-            cgroup::enter_self(&cgroup_fds)?;
-            None
-        }
-        CgroupEntry::CloneInto => {
-            Some(cgroup_fds.first().ok_or_else(|| Failure::plain("enter the cgroup", "no cgroup directory"))?)
-        }
-    };
     userns::drop_supplementary_groups()?;
-    userns::join(&user_ns, &mount_ns)?;
-    drop((user_ns, mount_ns));
-    // The init learns whether this helper, its parent, still lives from the
-    // far end of this pipe: the helper holds the write end until it exits.
-    let (alive_read, alive_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| Failure::new("create the run's namespaces", "pipe", &e.into()))?;
+    userns::join(&fds.user_ns, &fds.mount_ns)?;
+    let exec = process::Exec::new(&plan.argv, &plan.env, &plan.cwd)?;
+
+    let mut init = start_init(plan, &fds)?;
+    protocol::send(socket, &Reply::Started { pid1: init.child.pid }, &[init.child.pidfd.as_fd()])
+        .map_err(|e| Failure::new("report the sandbox's init", "", &e))?;
+    let handed = init.wait_ready()?;
+    let borrowed: Vec<BorrowedFd<'_>> = handed.iter().map(AsFd::as_fd).collect();
+    protocol::send(socket, &Reply::Ready, &borrowed).map_err(|e| Failure::new("report readiness", "", &e))?;
+    drop(handed);
+
+    // The supervisor starts the proxy here (a pool of ready sandboxes would
+    // hold here until a run claims one).
+    if plan.hold_for_release {
+        wait_for_release(socket)?;
+    }
+    let code = start_code(plan, &exec, fds, &init)?;
+    let reply =
+        Reply::CodeStarted { code_pid: code.child.pid, layers: code.layers.clone(), landlock_abi: sys::landlock_abi() };
+    protocol::send(socket, &reply, &[]).map_err(|e| Failure::new("report the code's start", "", &e))?;
+
+    let ended = observe::until_ended(code.child.pidfd.as_fd(), init.child.pidfd.as_fd(), init.socket.as_fd(), socket)?;
+    protocol::send(socket, &Reply::Ended { code: ended.code, init_first: ended.init_first }, &[])
+        .map_err(|e| Failure::new("report the code's end", "", &e))
+}
+
+/// Waits for the supervisor's word to start the code.
+fn wait_for_release(socket: BorrowedFd<'_>) -> Result<(), Failure> {
+    match protocol::recv::<Control>(socket) {
+        Ok(Some((Control::Release, _))) => Ok(()),
+        Ok(None) => Err(Failure::plain("wait for the code's release", "the supervisor hung up")),
+        Err(e) => Err(Failure::new("wait for the code's release", "", &e)),
+    }
+}
+
+/// A child of the helper, as the helper holds it.
+struct Child {
+    pid: i32,
+    pidfd: OwnedFd,
+    /// The write end of the child's lifeline, held until the helper exits.
+    _alive: OwnedFd,
+}
+
+/// The run's init; its socket, on which it says it is ready and which it
+/// holds until it dies; its namespaces.
+struct Init {
+    child: Child,
+    socket: OwnedFd,
+    namespaces: Vec<OwnedFd>,
+}
+
+impl Init {
+    /// Waits until the init is ready; keeps its namespaces and returns the
+    /// descriptors it made for the supervisor.
+    fn wait_ready(&mut self) -> Result<Vec<OwnedFd>, Failure> {
+        let step = "make the run's root";
+        match protocol::recv::<Reply>(self.socket.as_fd()) {
+            Ok(Some((Reply::Ready, mut fds))) if fds.len() >= JOINED_NAMESPACES.len() => {
+                let handed = fds.split_off(JOINED_NAMESPACES.len());
+                self.namespaces = fds;
+                Ok(handed)
+            }
+            Ok(Some((Reply::Ready, _))) => Err(Failure::plain(step, "the init did not hand over its namespaces")),
+            Ok(Some((Reply::Failed(failure), _))) => Err(failure),
+            Ok(Some((other, _))) => Err(Failure::plain(step, format!("the init said {other:?}"))),
+            Ok(None) => Err(Failure::plain(step, "the init ended without a word")),
+            Err(e) => Err(Failure::new(step, "", &e)),
+        }
+    }
+}
+
+/// Makes the run's init in new PID, mount (a copy of the sandbox's),
+/// network, IPC and UTS namespaces, in the run's cgroup.
+fn start_init(plan: &RunPlan, fds: &RunFds) -> Result<Init, Failure> {
+    let step = "create the run's namespaces";
+    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .map_err(|e| Failure::new(step, "socketpair", &e.into()))?;
+    let (alive_read, alive_write) = process::lifeline()?;
     // SAFETY: the helper is single-threaded (a fresh exec that starts no threads).
-    match unsafe { sys::clone_with_namespaces(RUN_NAMESPACES, into_cgroup.map(AsFd::as_fd)) }
-        .map_err(|e| Failure::new("create the run's namespaces", "clone3", &e))?
+    match unsafe { sys::clone_with_namespaces(RUN_NAMESPACES, fds.clone_into(plan)) }
+        .map_err(|e| Failure::new(step, "clone3", &e))?
     {
         Forked::Child => {
-            drop(alive_write);
-            let Err(failure) = sandbox_init(plan, [stdin, stdout, stderr], socket, alive_read);
-            let _ = protocol::send(socket, &Reply::Failed(failure), &[]);
+            drop((ours, alive_write));
+            let Err(failure) = sandbox_init(plan, fds.tasks(plan), theirs.as_fd(), alive_read);
+            let _ = protocol::send(theirs.as_fd(), &Reply::Failed(failure), &[]);
             std::process::exit(125);
         }
         Forked::Parent { pid, pidfd } => {
-            drop((stdin, stdout, stderr));
-            let pidfd = pidfd.ok_or_else(|| Failure::plain("create the run's namespaces", "no pidfd"))?;
-            protocol::send(socket, &Reply::Started { pid1: pid }, &[pidfd.as_fd()])
-                .map_err(|e| Failure::new("report the sandbox's init", "", &e))?;
-            wait_for_init(pid, &pidfd, socket);
-            Ok(())
+            let pidfd = pidfd.ok_or_else(|| Failure::plain(step, "no pidfd"))?;
+            Ok(Init { child: Child { pid, pidfd, _alive: alive_write }, socket: ours, namespaces: Vec::new() })
         }
     }
 }
 
-/// The helper outside waits for the sandbox's init; if the supervisor goes
-/// away first, it kills the init (and with it every process of the run).
-fn wait_for_init(pid: i32, pidfd: &OwnedFd, socket: BorrowedFd<'_>) {
-    use rustix::event::{PollFd, PollFlags, poll};
-    loop {
-        let mut fds = [PollFd::new(pidfd, PollFlags::IN), PollFd::new(&socket, PollFlags::empty())];
-        match poll(&mut fds, None) {
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => break,
-        }
-        if fds[1].revents().intersects(PollFlags::HUP | PollFlags::ERR) {
-            let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
-            break;
-        }
-        if fds[0].revents().contains(PollFlags::IN) {
-            break;
-        }
-    }
-    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
-    }
-}
-
-/// PID 1 of the run's PID namespace. Builds the sandbox, starts the code,
-/// reaps every process until the code exits. When it exits, the kernel kills
-/// whatever the code left behind.
+/// PID 1 of the run's PID namespace. Makes the run's root, says so, then
+/// does nothing but reap orphans. It watches nothing and reports nothing
+/// once the code runs: the code may reach it (same user), so its death is
+/// an observation, never a loss. When it dies, the kernel ends every
+/// process of the run.
 fn sandbox_init(
     plan: &RunPlan,
-    stdio: [OwnedFd; 3],
-    socket: BorrowedFd<'_>,
+    tasks: &[OwnedFd],
+    helper: BorrowedFd<'_>,
     parent_alive: OwnedFd,
 ) -> Result<Infallible, Failure> {
     // Before anything is made: all of it belongs to the sandbox's user.
     userns::become_sandbox_user()?;
-    // After the change of user, which clears it.
+    // After the change of user, which clears it; then, if the helper died
+    // before it was set, the lifeline says so. No code runs unwatched.
     process::die_with_parent(None)?;
-    // The death signal is set: if the helper died before that, it will not
-    // come, but the pipe says so. Either way no code runs unwatched.
     process::exit_if_parent_gone(parent_alive)?;
+    cgroup::enter_self(tasks)?;
+    cgroup::own_namespace()?;
+    // Nothing of the helper's (its socket to the supervisor, the code's
+    // streams) stays in the init. (The init never returns into the frames
+    // that own them: it ends in exit or in the reaper.)
+    sys::close_from_except(3, helper.as_raw_fd()).map_err(|e| Failure::new("close descriptors", "", &e))?;
     process::not_dumpable()?;
     rustix::system::sethostname(plan.hostname.as_bytes())
         .map_err(|e| Failure::new("set the hostname", "", &e.into()))?;
@@ -186,28 +289,83 @@ fn sandbox_init(
     let proxy = plan.proxy_listener.then(network::listen_proxy).transpose()?;
     let report = mounts::build_run_root(&plan.program_files, plan.report_fifo)?;
     mounts::pivot_into_stage()?;
+
+    let namespaces = JOINED_NAMESPACES.iter().map(|(kind, _)| userns::open_own(kind)).collect::<Result<Vec<_>, _>>()?;
+    let handed: Vec<BorrowedFd<'_>> =
+        namespaces.iter().chain(report.iter()).chain(proxy.iter()).map(AsFd::as_fd).collect();
+    protocol::send(helper, &Reply::Ready, &handed).map_err(|e| Failure::new("report readiness", "", &e))?;
+    drop((namespaces, report, proxy));
+    // The socket stays open until the init dies: its hanging up tells the
+    // helper the init died, before the kernel ends the rest of the run.
+    sys::close_from_except(3, helper.as_raw_fd()).map_err(|e| Failure::new("close descriptors", "", &e))?;
+    caps::drop_all()?;
+    sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
+    sys::reap_orphans_forever()
+}
+
+/// The code's process as the helper holds it, with the layers it put in force.
+struct Code {
+    child: Child,
+    layers: Vec<Layer>,
+}
+
+/// Makes the code's process, the helper's child, in the run's PID namespace,
+/// and waits until it has executed the program.
+fn start_code(plan: &RunPlan, exec: &process::Exec, fds: RunFds, init: &Init) -> Result<Code, Failure> {
+    let step = "start the code";
+    // Children made from here on are born in the init's PID namespace.
+    let (pid_ns, joined) = init.namespaces.split_first().ok_or_else(|| Failure::plain(step, "no namespaces"))?;
+    move_into_link_name_space(pid_ns.as_fd(), Some(LinkNameSpaceType::ProcessID))
+        .map_err(|e| Failure::new(step, "join the run's PID namespace", &e.into()))?;
+    let (alive_read, alive_write) = process::lifeline()?;
+    let (setup_read, setup_write) = process::setup_pipe()?;
+    // SAFETY: the helper is single-threaded (a fresh exec that starts no threads).
+    match unsafe { sys::clone_with_namespaces(0, fds.clone_into(plan)) }
+        .map_err(|e| Failure::new(step, "clone3", &e))?
+    {
+        Forked::Child => {
+            drop((alive_write, setup_read));
+            let Err(failure) = code_process(plan, exec, &fds, joined, alive_read, setup_write.as_fd());
+            process::report_setup(setup_write.as_fd(), &CodeSetup::Failed(failure));
+            std::process::exit(127);
+        }
+        Forked::Parent { pid, pidfd } => {
+            drop((alive_read, setup_write, fds));
+            let pidfd = pidfd.ok_or_else(|| Failure::plain(step, "no pidfd"))?;
+            let landlock = process::read_setup(setup_read, &exec.argv[0])?;
+            // All of it in force: seccomp was the code's last step before exec.
+            let mut layers = probe::NAMESPACE_LAYERS.to_vec();
+            layers.extend([Layer::Seccomp, Layer::NoNewPrivs, Layer::Rlimits]);
+            if matches!(landlock, Some(landlock::Enforced::Fully | landlock::Enforced::Partially)) {
+                layers.push(Layer::Landlock);
+            }
+            Ok(Code { child: Child { pid, pidfd, _alive: alive_write }, layers })
+        }
+    }
+}
+
+/// The code's process, in this order; returns only if a step failed.
+fn code_process(
+    plan: &RunPlan,
+    exec: &process::Exec,
+    fds: &RunFds,
+    namespaces: &[OwnedFd],
+    parent_alive: OwnedFd,
+    setup: BorrowedFd<'_>,
+) -> Result<Infallible, Failure> {
+    userns::become_sandbox_user()?;
+    process::die_with_parent(None)?;
+    process::exit_if_parent_gone(parent_alive)?;
+    cgroup::enter_self(fds.tasks(plan))?;
+    // The rest of the init's namespaces, its root last.
+    for (fd, (kind, ns)) in namespaces.iter().zip(&JOINED_NAMESPACES[1..]) {
+        move_into_link_name_space(fd.as_fd(), Some(*ns))
+            .map_err(|e| Failure::new("join the run's namespaces", *kind, &e.into()))?;
+    }
     limits::apply(&plan.rlimits)?;
     caps::drop_all()?;
-    let landlock = plan.landlock.as_ref().map(landlock::restrict).transpose()?;
-    let exec = process::Exec::new(&plan.argv, &plan.env, &plan.cwd)?;
-
-    // All of it in force from here; seccomp is installed in the code's own
-    // process just before it execs.
-    let mut layers = probe::NAMESPACE_LAYERS.to_vec();
-    layers.extend([Layer::Seccomp, Layer::NoNewPrivs, Layer::Rlimits]);
-    if matches!(landlock, Some(landlock::Enforced::Fully | landlock::Enforced::Partially)) {
-        layers.push(Layer::Landlock);
+    if let Some(landlock) = &plan.landlock {
+        process::report_setup(setup, &CodeSetup::Landlock(landlock::restrict(landlock)?));
     }
-    let handed: Vec<BorrowedFd<'_>> = report.iter().chain(proxy.iter()).map(AsFd::as_fd).collect();
-    protocol::send(socket, &Reply::Ready { layers, landlock_abi: sys::landlock_abi() }, &handed)
-        .map_err(|e| Failure::new("report readiness", "", &e))?;
-    drop((report, proxy));
-
-    let code = process::spawn_code(&exec, stdio, &plan.seccomp)?;
-    // The init itself also runs under the filter from here on.
-    sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
-    let ended = process::reap_until(code, plan.open_files);
-    let reply = Reply::Exited { code: ended.code, signal: ended.signal, open_files_hit: ended.open_files_hit };
-    let _ = protocol::send(socket, &reply, &[]);
-    std::process::exit(0);
+    Err(process::exec_code(exec, &fds.stdio, setup, &plan.seccomp))
 }

@@ -1,18 +1,17 @@
 //! One Linux sandbox: its namespaces and work directory, held by descriptors,
 //! and the runs made in it.
 
-use std::collections::BTreeSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use airlock_core::driver::{self, PROGRAM_DIR, REPORT_FILE, ReportCaps};
+use airlock_core::outcome::{self, CodeEnd, Observations, Stop};
 use airlock_core::{ArtifactError, Execution, Instance, Job, KillSwitch, Runtime, SandboxError};
-use airlock_policy::{Isolation, Layer, Limit, Policy, SandboxPath, Status, Usage};
+use airlock_policy::{Isolation, Layer, Limit, Policy, SandboxPath, Usage};
 
-use crate::cgroup::{CgroupLimits, Hierarchy, RunCgroup};
-use crate::protocol::{CgroupEntry, LandlockPlan, RunPlan};
+use crate::cgroup::{AIRLOCK_PROCESSES, CgroupLimits, Hierarchy, RunCgroup};
+use crate::protocol::{CgroupEntry, LandlockPlan, ProcessEnd, RunPlan};
 use crate::seccomp::Instruction;
 use crate::supervise::{self, KillReason, Observed, SandboxFds, Watch};
 use crate::{copy, limits};
@@ -33,11 +32,21 @@ pub struct LinuxInstance {
     pub(crate) landlock_abi: Option<u32>,
     /// Bytes copied in since the last run (the cap is per run).
     pub(crate) written: u64,
+    /// How files are opened as the sandbox's user.
+    pub(crate) files: copy::FileAccess,
+    /// Facts of this sandbox for every record's isolation details (its host ids...).
+    pub(crate) details: std::collections::BTreeMap<String, String>,
+    /// The sandbox's host ids, held while it lives; last, so they are given
+    /// back only once the namespaces above are closed.
+    pub(crate) host_id: crate::hostid::HostId,
 }
 
 impl std::fmt::Debug for LinuxInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LinuxInstance").field("policy", &self.policy).finish_non_exhaustive()
+        f.debug_struct("LinuxInstance")
+            .field("policy", &self.policy)
+            .field("host_ids", &self.host_id.mapping)
+            .finish_non_exhaustive()
     }
 }
 
@@ -54,13 +63,17 @@ impl Instance for LinuxInstance {
                 limits.files_total_bytes
             )));
         }
-        copy::write(self.work.as_fd(), path, data)?;
+        copy::write(&self.files, self.work.as_fd(), path, data)?;
         self.written += data.len() as u64;
         Ok(())
     }
 
     fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError> {
-        copy::read(self.work.as_fd(), path, max_bytes)
+        copy::read(&self.files, self.work.as_fd(), path, max_bytes)
+    }
+
+    fn set_limits(&mut self, limits: airlock_policy::Limits) {
+        self.policy.limits = limits;
     }
 
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
@@ -93,13 +106,18 @@ impl Instance for LinuxInstance {
             program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_fifo: program.reports,
             proxy_listener: network,
+            // The proxy must serve before the code's first byte.
+            hold_for_release: network,
             argv: program.argv,
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
             rlimits: limits::for_policy(&self.policy, self.cgroups.is_none()),
-            open_files: u64::from(limits.open_files),
             landlock: (self.landlock_abi.is_some() || landlock_required).then(|| LandlockPlan {
-                writable_dirs: vec!["/work".to_owned(), "/tmp".to_owned()],
+                writable_dirs: ["/work", "/tmp"]
+                    .into_iter()
+                    .map(String::from)
+                    .chain(self.runtime.mounts.iter().filter(|m| m.writable).map(|m| m.sandbox.display().to_string()))
+                    .collect(),
                 writable_files,
                 required: landlock_required,
             }),
@@ -110,8 +128,8 @@ impl Instance for LinuxInstance {
             Some(h) => Some(
                 h.create(&CgroupLimits {
                     memory_bytes: limits.memory_bytes,
-                    // The pids limit is the code's, on top of airlock's own processes.
-                    pids: limits.pids + h.own_processes(),
+                    // The pids limit is the code's, on top of the run's init.
+                    pids: limits.pids + AIRLOCK_PROCESSES,
                     cpus: limits.cpus,
                 })
                 .map_err(|e| SandboxError::Setup {
@@ -129,9 +147,11 @@ impl Instance for LinuxInstance {
             report_bytes: caps.report_bytes,
             stdin: &job.stdin,
             kill,
+            open_files: u64::from(limits.open_files),
+            stage: self.stage.as_fd(),
         };
         // The proxy starts on the listener the sandbox made inside its own
-        // namespace, before any code runs; it serves until the run is over.
+        // namespace, before the code is released; it serves until the run is over.
         let mut proxy: Option<Result<airlock_net::ProxyHandle, airlock_net::NetError>> = None;
         let mut start_proxy = |listener: OwnedFd| {
             let config = airlock_net::ProxyConfig::from_policy(&self.policy.network);
@@ -149,30 +169,65 @@ impl Instance for LinuxInstance {
             &mut start_proxy,
         )
         .map_err(|e| SandboxError::io("running the sandbox", e))?;
+        if !observed.started {
+            return Err(never_started(&observed, proxy));
+        }
+
+        // The code started: from here on, whatever fails, everything
+        // observed goes into the record.
+        let mut failures = Vec::new();
         let proxy = match proxy {
             Some(Ok(handle)) => Some(handle.finish()),
             Some(Err(e)) => {
-                return Err(SandboxError::Setup { step: "start the network proxy".to_owned(), detail: e.to_string() });
+                failures.push(format!("the network proxy failed: {e}"));
+                None
             }
-            None if network && observed.failure.is_none() => {
-                return Err(SandboxError::Setup {
-                    step: "start the network proxy".to_owned(),
-                    detail: "the sandbox did not hand over its proxy socket".to_owned(),
-                });
+            None if network => {
+                failures.push("the sandbox did not hand over its proxy socket".to_owned());
+                None
             }
             None => None,
         };
-
+        // The kernel's counters, read before the cgroup goes.
         let stats = cgroup.as_ref().map(|c| c.stats()).unwrap_or_default();
         let cgroup_version = cgroup.as_ref().map(|c| c.version());
         if let Some(mut c) = cgroup.take() {
-            c.remove().map_err(|e| SandboxError::io("removing the run's cgroup", e))?;
+            if let Err(e) = c.remove() {
+                failures.push(format!("removing the run's cgroup failed: {e}"));
+            }
         }
-        self.execution(observed, stats, cgroup_version, &caps, proxy)
+        Ok(self.execution(observed, stats, cgroup_version, &caps, proxy, failures))
+    }
+}
+
+/// Why a run whose code never started failed.
+fn never_started(
+    observed: &Observed,
+    proxy: Option<Result<airlock_net::ProxyHandle, airlock_net::NetError>>,
+) -> SandboxError {
+    let setup = |step: &str, detail: String| SandboxError::Setup { step: step.to_owned(), detail };
+    if let Some(failure) = &observed.setup_failure {
+        return setup(&failure.step, failure.to_string());
+    }
+    match observed.killed {
+        Some(KillReason::ProxyFailed) => setup(
+            "start the network proxy",
+            match proxy {
+                Some(Err(e)) => e.to_string(),
+                _ => "the sandbox did not hand over its proxy socket".to_owned(),
+            },
+        ),
+        Some(KillReason::SetupTimeout) => {
+            setup("start the sandbox", format!("it was not ready within {:?}", supervise::SETUP_TIMEOUT))
+        }
+        Some(KillReason::Requested) => setup("start the run", "stopped on request before the code started".to_owned()),
+        Some(reason) => setup("start the run", format!("stopped ({reason:?}) before the code started")),
+        None => setup("start the sandbox", "the helper exited without starting the code".to_owned()),
     }
 }
 
 impl LinuxInstance {
+    /// The execution of a run whose code started, from everything observed.
     fn execution(
         &self,
         observed: Observed,
@@ -180,96 +235,72 @@ impl LinuxInstance {
         cgroup_version: Option<&'static str>,
         caps: &ReportCaps,
         proxy: Option<airlock_net::ProxyOutcome>,
-    ) -> Result<Execution, SandboxError> {
-        if let Some(failure) = observed.failure {
-            return Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() });
+        failures: Vec<String>,
+    ) -> Execution {
+        let mut seen = Observations {
+            code: match observed.code_end {
+                Some(ProcessEnd::Exited(code)) => CodeEnd::Exited(code),
+                Some(ProcessEnd::Killed(signal)) => CodeEnd::Signalled(signal),
+                None => CodeEnd::Unknown,
+            },
+            reached: observed.reached,
+            oom_killed: stats.oom_kills > 0,
+            cpu_used: stats.cpu_usage.or(observed.rusage_cpu),
+            notes: observed.notes,
+            failures: observed.failures,
+            ..Observations::default()
+        };
+        seen.failures.extend(failures);
+        seen.stop = match observed.killed {
+            Some(KillReason::WallTime) => Some(Stop::WallTime),
+            Some(KillReason::CpuTime) => Some(Stop::CpuTime),
+            Some(KillReason::Output) => Some(Stop::Output),
+            Some(KillReason::Requested) => Some(Stop::Requested),
+            Some(KillReason::SocketMemory) => Some(Stop::SocketMemory),
+            Some(KillReason::SetupTimeout | KillReason::ProxyFailed) => {
+                seen.failures.push("the run was stopped while its sandbox was still being set up".to_owned());
+                None
+            }
+            None => None,
+        };
+        if stats.memory_max_hits > 0 {
+            seen.reached.insert(Limit::Memory);
         }
-        let limits = &self.policy.limits;
-        let mut hit: BTreeSet<Limit> = observed.limits_hit.iter().copied().collect();
-        let mut notes = Vec::new();
+        if stats.pids_max_hits > 0 {
+            seen.reached.insert(Limit::Pids);
+        }
+        // The init dies first only by something done to it: airlock's own
+        // kill (then `killed` says why), or the code, which runs as the same
+        // user and may set its limits. Either way the kernel then ended every
+        // process of the run; the code's end above says how it ended.
+        match (observed.init_first, observed.killed) {
+            (Some(ProcessEnd::Killed(signal)), None) => seen.notes.push(format!(
+                "the run's init (PID 1) was killed by signal {signal} before the code ended, and with it every \
+                 process of the run"
+            )),
+            (Some(ProcessEnd::Exited(code)), _) => {
+                seen.failures.push(format!("the run's init exited with status {code} before the code ended"))
+            }
+            _ => {}
+        }
         let network = proxy.map(|outcome| {
-            hit.extend(outcome.limits_hit.iter().copied());
+            seen.reached.extend(outcome.limits_hit.iter().copied());
             if outcome.unlisted_refusals > 0 {
-                notes.push(format!(
+                seen.notes.push(format!(
                     "{} more connections were refused past the connection cap and are counted, not listed",
                     outcome.unlisted_refusals
                 ));
             }
             outcome.record
         });
-        let cpu_used = stats.cpu_usage.or(observed.rusage_cpu);
-        if stats.oom_kills > 0 {
-            hit.insert(Limit::Memory);
-        }
-        if stats.pids_max_hits > 0 {
-            hit.insert(Limit::Pids);
-        }
-        if let Ok(vfs) = rustix::fs::fstatvfs(&self.stage) {
-            if vfs.f_bavail == 0 {
-                hit.insert(Limit::Disk);
-            }
-            if vfs.f_favail == 0 {
-                hit.insert(Limit::Inodes);
-            }
-        }
-        const SIGKILL: i32 = 9;
-        const SIGXCPU: i32 = 24;
-        const SIGXFSZ: i32 = 25;
-        if observed.signal == Some(SIGXFSZ) {
-            hit.insert(Limit::Disk);
-        }
-        let over_cpu = cpu_used.is_some_and(|c| c >= limits.cpu_time);
-        let (status, message) = match observed.killed {
-            Some(KillReason::WallTime) => {
-                hit.insert(Limit::WallTime);
-                (Status::Timeout, format!("stopped at the wall-time limit of {}", seconds(limits.wall_time)))
-            }
-            Some(KillReason::CpuTime) => {
-                hit.insert(Limit::CpuTime);
-                (Status::CpuLimit, format!("stopped at the CPU-time limit of {}", seconds(limits.cpu_time)))
-            }
-            Some(KillReason::Output) => (
-                Status::OutputLimit,
-                format!("stopped when its output passed the limit of {} bytes per stream", limits.output_bytes),
-            ),
-            Some(KillReason::Requested) => (Status::SandboxError, "stopped on request before it finished".to_owned()),
-            // Reported as the proxy's own error before the run gets here.
-            Some(KillReason::ProxyFailed) => {
-                return Err(SandboxError::Setup {
-                    step: "start the network proxy".to_owned(),
-                    detail: "the proxy did not start".to_owned(),
-                });
-            }
-            Some(KillReason::SetupTimeout) => {
-                return Err(SandboxError::Setup {
-                    step: "start the sandbox".to_owned(),
-                    detail: format!("it was not ready within {:?}", supervise::SETUP_TIMEOUT),
-                });
-            }
-            None if stats.oom_kills > 0 && (!observed.exited || observed.signal == Some(SIGKILL)) => (
-                Status::MemoryLimit,
-                format!("killed by the kernel at the memory limit of {} MiB", limits.memory_bytes >> 20),
-            ),
-            None if !observed.exited => {
-                return Err(SandboxError::Setup {
-                    step: "supervise the run".to_owned(),
-                    detail: "the sandbox's init ended without reporting the code's exit".to_owned(),
-                });
-            }
-            None if observed.signal == Some(SIGXCPU) || (observed.signal == Some(SIGKILL) && over_cpu) => {
-                hit.insert(Limit::CpuTime);
-                (Status::CpuLimit, format!("stopped at the CPU-time limit of {}", seconds(limits.cpu_time)))
-            }
-            None if observed.exit_code == Some(0) => (Status::Ok, String::new()),
-            None => (Status::Failed, String::new()),
-        };
+        let verdict = outcome::classify(&seen, &self.policy.limits);
 
         let mut layers = observed.layers;
         if cgroup_version.is_some() {
             layers.push(Layer::Cgroups);
         }
         layers.sort();
-        let mut details = std::collections::BTreeMap::new();
+        let mut details = self.details.clone();
         if let Some(v) = cgroup_version {
             details.insert("cgroup".to_owned(), v.to_owned());
             if let Some(hierarchy) = &self.cgroups {
@@ -297,29 +328,23 @@ impl LinuxInstance {
                 driver::parse_report(&observed.report, caps)
             }
         });
-        Ok(Execution {
-            status,
-            limits_hit: hit,
-            message: {
-                let all: Vec<String> = std::iter::once(message).chain(notes).filter(|m| !m.is_empty()).collect();
-                (!all.is_empty()).then(|| all.join("; "))
-            },
-            exit_code: observed.exit_code,
-            signal: observed.signal,
+        Execution {
+            status: verdict.status,
+            limits_hit: verdict.limits_hit,
+            message: verdict.message,
+            exit_code: seen.code.exit_code(),
+            signal: seen.code.signal(),
             stdout: observed.stdout,
             stderr: observed.stderr,
             usage: Usage {
                 wall_ms: observed.wall.as_millis() as u64,
-                cpu_ms: cpu_used.map(|d| d.as_millis() as u64),
+                cpu_ms: seen.cpu_used.map(|d| d.as_millis() as u64),
                 peak_memory_bytes: stats.peak_memory_bytes,
+                ..Usage::default()
             },
             isolation: Isolation { backend: "linux".to_owned(), layers, degraded: self.degraded.clone(), details },
             report,
             network,
-        })
+        }
     }
-}
-
-fn seconds(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
 }

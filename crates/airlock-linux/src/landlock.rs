@@ -13,7 +13,7 @@ use crate::protocol::{Failure, LandlockPlan};
 const NEWEST: ABI = ABI::V7;
 
 /// What was put in force.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Enforced {
     /// Every requested restriction.
     Fully,

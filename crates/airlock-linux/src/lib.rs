@@ -28,14 +28,18 @@ mod caps;
 mod cgroup;
 pub mod child;
 mod copy;
+mod drain;
+pub mod hostid;
 mod instance;
 mod landlock;
 mod limits;
 mod mounts;
 mod network;
+mod observe;
 mod probe;
 mod process;
 pub mod protocol;
+mod sampler;
 pub mod seccomp;
 mod supervise;
 mod sys;
@@ -74,6 +78,8 @@ pub struct LinuxBackend {
 #[derive(Debug)]
 struct HostState {
     cgroups: Result<Hierarchy, String>,
+    /// Where sandboxes' host ids come from (see `hostid`).
+    ids: Result<hostid::Allocator, String>,
     probe: Probe,
     seccomp: Arc<Vec<seccomp::Instruction>>,
 }
@@ -97,9 +103,10 @@ impl LinuxBackend {
                 // The next start after a crash cleans up what it left.
                 h.remove_stale();
             }
-            let probe = probe::probe(&cgroups);
+            let ids = hostid::Allocator::for_this_process();
+            let probe = probe::probe(&cgroups, &ids);
             let seccomp = Arc::new(seccomp::default_program());
-            HostState { cgroups, probe, seccomp }
+            HostState { cgroups, ids, probe, seccomp }
         })
     }
 
@@ -141,24 +148,54 @@ impl Backend for LinuxBackend {
         let helper = self.helper_path()?;
         let (layout, binds) = mounts::layout_for(runtime)
             .map_err(|e| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail: e.to_string() })?;
-        if rustix::process::geteuid().is_root() {
+        let allocator = state.ids.as_ref().map_err(|detail| SandboxError::Setup {
+            step: "choose the sandbox's host ids".to_owned(),
+            detail: detail.clone(),
+        })?;
+        // Taken for this sandbox's life: given back when the instance drops.
+        let host_id = allocator
+            .allocate()
+            .map_err(|e| SandboxError::Setup { step: "take a host id".to_owned(), detail: e.to_string() })?;
+        if host_id.mapping != hostid::IdMapping::Caller {
+            // The sandbox's user is not the caller: the trees must be open to others.
             mounts::check_readable_by_others(&binds)
                 .map_err(|detail| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail })?;
+            hand_writable_to_sandbox(&binds, &host_id.mapping)?;
         }
         let plan = SetupPlan {
             supervisor_pid: std::process::id() as i32,
+            ids: host_id.mapping.clone(),
             tmpfs_bytes: policy.limits.disk_bytes + mounts::LAYOUT_BYTES,
             tmpfs_inodes: policy.limits.disk_inodes + mounts::LAYOUT_INODES,
             layout,
             binds,
         };
-        let [user_ns, mount_ns, stage, work, tmp] = setup(&helper, plan)?;
+        let ([user_ns, mount_ns, stage, work, tmp], host_paths_shown) = setup(&helper, plan)?;
+        let files = match &host_id.mapping {
+            hostid::IdMapping::Caller => copy::FileAccess::Direct,
+            hostid::IdMapping::Reserved { uid, gid } => copy::FileAccess::ThreadFsIds { uid: *uid, gid: *gid },
+            hostid::IdMapping::Subordinate { .. } => copy::FileAccess::Helper {
+                helper: helper.clone(),
+                user_ns: user_ns.try_clone().map_err(|e| SandboxError::io("keeping the user namespace", e))?,
+            },
+        };
         for (name, content) in &runtime.tmp_seed {
             // Checked as a path below a directory, as those below /work are.
             let path = SandboxPath::parse(name)?;
-            copy::write(tmp.as_fd(), &path, content)?;
+            copy::write(&files, tmp.as_fd(), &path, content)?;
         }
         let cgroups = if degraded.contains(&Layer::Cgroups) { None } else { state.cgroups.clone().ok() };
+        let mut details = std::collections::BTreeMap::new();
+        details.insert("host_ids".to_owned(), host_id.mapping.describe());
+        if !host_paths_shown.is_empty() {
+            details.insert(
+                "mount_table".to_owned(),
+                format!(
+                    "shows the host paths of {} (bound as they are: mounts below them, or no overlay here)",
+                    host_paths_shown.join(", ")
+                ),
+            );
+        }
         Ok(Box::new(LinuxInstance {
             helper,
             policy: policy.clone(),
@@ -172,13 +209,64 @@ impl Backend for LinuxBackend {
             seccomp,
             landlock_abi: sys::landlock_abi(),
             written: 0,
+            files,
+            details,
+            host_id,
         }))
     }
 }
 
-/// Runs the helper's setup and returns the sandbox's descriptors:
-/// user ns, mount ns, stage root, /work, /tmp.
-fn setup(helper: &Path, plan: SetupPlan) -> Result<[OwnedFd; 5], SandboxError> {
+/// When the sandbox's user is not the caller, each writable directory (an
+/// image build's new environment) is handed to its host id, alone, for the
+/// sandbox's life. Only the directory itself changes owner; the caller takes
+/// it back, and checks what the sandbox left in it, once the sandbox is gone.
+fn hand_writable_to_sandbox(binds: &[protocol::Bind], ids: &hostid::IdMapping) -> Result<(), SandboxError> {
+    let (uid, gid) = match ids {
+        hostid::IdMapping::Caller => return Ok(()),
+        hostid::IdMapping::Reserved { uid, gid } => (*uid, *gid),
+        // Handing a directory to a subordinate id needs the user namespace
+        // that maps it; until the helper does that, refuse rather than open
+        // the directory to every host user for the build.
+        hostid::IdMapping::Subordinate { .. } => match binds.iter().find(|b| b.writable) {
+            Some(bind) => {
+                return Err(SandboxError::Setup {
+                    step: "lay out the sandbox".to_owned(),
+                    detail: format!(
+                        "{} must be writable by the sandbox's user, a subordinate id of yours, which airlock cannot \
+                         hand it to yet: build images as root, or as a user without entries in /etc/subuid",
+                        bind.source
+                    ),
+                });
+            }
+            None => return Ok(()),
+        },
+    };
+    let id = Some(rustix::process::Uid::from_raw(uid));
+    let gid = Some(rustix::process::Gid::from_raw(gid));
+    for bind in binds.iter().filter(|b| b.writable) {
+        let fail = |e: rustix::io::Errno| SandboxError::Setup {
+            step: "lay out the sandbox".to_owned(),
+            detail: format!("handing {} to the sandbox's user: {e}", bind.source),
+        };
+        // Opened without following a link, so the one directory named is the one changed.
+        let dir = rustix::fs::open(
+            &bind.source,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(fail)?;
+        rustix::fs::fchown(&dir, id, gid).map_err(fail)?;
+        rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700)).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Runs the helper's setup and returns the sandbox's descriptors (user ns,
+/// mount ns, stage root, /work, /tmp) and the host paths its mount table shows.
+fn setup(helper: &Path, plan: SetupPlan) -> Result<([OwnedFd; 5], Vec<String>), SandboxError> {
     let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
     let (mut child, ours) =
         supervise::spawn_helper(helper).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
@@ -190,8 +278,9 @@ fn setup(helper: &Path, plan: SetupPlan) -> Result<[OwnedFd; 5], SandboxError> {
     }
     let _ = child.wait();
     match reply {
-        Ok(Some((Reply::SetupDone, fds))) => fds
+        Ok(Some((Reply::SetupDone { host_paths_shown }, fds))) => fds
             .try_into()
+            .map(|fds| (fds, host_paths_shown))
             .map_err(|fds: Vec<OwnedFd>| step(format!("the helper handed over {} descriptors, not 5", fds.len()))),
         Ok(Some((Reply::Failed(failure), _))) => {
             Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() })

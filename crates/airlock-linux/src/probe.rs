@@ -24,12 +24,12 @@ pub const NAMESPACE_LAYERS: [Layer; 8] = [
 
 /// Reads the host's facts and layers. `cgroups` is the outcome of
 /// [`Hierarchy::detect`], done once per process by the caller.
-pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
+pub fn probe(cgroups: &Result<Hierarchy, String>, ids: &Result<crate::hostid::Allocator, String>) -> Probe {
     let mut available = BTreeSet::new();
     let mut missing = BTreeMap::new();
     let mut details = BTreeMap::new();
 
-    match user_namespaces() {
+    match user_namespaces(ids) {
         Ok(()) => {
             available.extend(NAMESPACE_LAYERS);
         }
@@ -74,7 +74,7 @@ pub fn probe(cgroups: &Result<Hierarchy, String>) -> Probe {
 /// best), then AppArmor's restriction (Ubuntu 23.10 and later), then a real
 /// attempt, which catches what no file tells (a container runtime's seccomp
 /// filter refusing unshare).
-fn user_namespaces() -> Result<(), String> {
+fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>) -> Result<(), String> {
     let read = |path: &str| fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i64>().ok());
     let root = rustix::process::geteuid().is_root();
     if read("/proc/sys/user/max_user_namespaces") == Some(0) {
@@ -103,7 +103,7 @@ fn user_namespaces() -> Result<(), String> {
         ));
     }
     try_unshare_user_namespace()?;
-    crate::userns::check_mapping()
+    crate::userns::check_mapping(ids)
 }
 
 /// Where the README installs the helper's AppArmor profile.

@@ -1,18 +1,21 @@
-//! Processes inside the sandbox: tying the helper's life to its parent, and
-//! starting the code in a new session with only its three descriptors.
+//! Processes of a run, child side: tying a child's life to its parent, and
+//! the last steps of the code's process: a new session, only its three
+//! descriptors, seccomp last, exec.
 
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use rustix::process::{Signal, WaitOptions, set_parent_process_death_signal};
+use rustix::process::{Signal, set_parent_process_death_signal};
 
-use crate::protocol::Failure;
+use crate::landlock::Enforced;
+use crate::protocol::{CodeSetup, Failure};
 use crate::seccomp::Instruction;
-use crate::sys::{self, Forked};
+use crate::sys;
 
 /// Child side: die with the parent. `expected_parent` guards the race in
-/// which the parent died before the request was registered.
+/// which the parent died before the request was registered (for children
+/// whose parent is in their own PID namespace; the others use a lifeline).
 pub fn die_with_parent(expected_parent: Option<i32>) -> Result<(), Failure> {
     set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(|e| Failure::new("die with the supervisor", "prctl(PR_SET_PDEATHSIG)", &e.into()))?;
@@ -25,8 +28,17 @@ pub fn die_with_parent(expected_parent: Option<i32>) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Child side (the sandbox's init): fails if the helper, its parent, is gone
-/// already, as the end of `parent_alive` hanging up shows.
+/// A pipe that tells a child of the helper whether the helper still lives:
+/// the helper holds the write end (the second) until it exits. The child's
+/// parent is outside its PID namespace, where getppid cannot see it.
+pub fn lifeline() -> Result<(OwnedFd, OwnedFd), Failure> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| Failure::new("create the run's processes", "pipe", &e.into()))
+}
+
+/// Child side: fails if the helper, its parent, is gone already, as the end
+/// of `parent_alive` hanging up shows. Call it after [`die_with_parent`], and
+/// after closing this process's copy of the write end.
 pub fn exit_if_parent_gone(parent_alive: OwnedFd) -> Result<(), Failure> {
     use rustix::event::{PollFd, PollFlags, poll};
     let mut fds = [PollFd::new(&parent_alive, PollFlags::IN)];
@@ -68,122 +80,75 @@ impl Exec {
     }
 }
 
-/// Child side (sandbox init): forks the code. The child becomes a session
-/// leader with no terminal, gets `stdio` as 0, 1, 2 and nothing else, installs
-/// the seccomp filter last, and execs. Returns the code's pid once exec has
-/// succeeded.
-pub fn spawn_code(exec: &Exec, stdio: [OwnedFd; 3], seccomp: &[Instruction]) -> Result<i32, Failure> {
-    let step = "start the code";
-    let (error_read, error_write) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| Failure::new(step, "pipe", &e.into()))?;
-    // SAFETY: the sandbox's init is single-threaded (a fresh exec that starts
-    // no threads), so the child may run any code.
-    match unsafe { sys::fork() }.map_err(|e| Failure::new(step, "fork", &e))? {
-        Forked::Child => {
-            let error = exec_code(exec, stdio, &error_write, seccomp);
-            let _ = rustix::io::write(&error_write, error.as_bytes());
-            std::process::exit(127);
-        }
-        Forked::Parent { pid, .. } => {
-            drop(error_write);
-            drop(stdio);
-            let mut message = String::new();
-            let _ = std::fs::File::from(error_read).read_to_string(&mut message);
-            if message.is_empty() {
-                Ok(pid)
-            } else {
-                Err(Failure::plain("execute the code", format!("{}: {message}", exec.argv[0].to_string_lossy())))
-            }
-        }
+/// The pipe on which the code's process reports its setup to the helper
+/// (read end, write end). Close-on-exec: its end of file, with no failure
+/// on it, says the program was executed.
+pub fn setup_pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| Failure::new("start the code", "pipe", &e.into()))
+}
+
+/// In the code's process: one line of its setup report.
+pub fn report_setup(pipe: BorrowedFd<'_>, message: &CodeSetup) {
+    if let Ok(mut line) = serde_json::to_vec(message) {
+        line.push(b'\n');
+        let _ = rustix::io::write(pipe, &line);
     }
 }
 
-/// In the forked child: returns only on failure.
-fn exec_code(exec: &Exec, stdio: [OwnedFd; 3], error_pipe: &OwnedFd, seccomp: &[Instruction]) -> String {
+/// Helper side: reads the code's setup report until its exec closes the
+/// pipe. Returns what Landlock put in force, or the step that failed.
+pub fn read_setup(pipe: OwnedFd, program: &CString) -> Result<Option<Enforced>, Failure> {
+    let mut text = String::new();
+    std::fs::File::from(pipe)
+        .read_to_string(&mut text)
+        .map_err(|e| Failure::new("start the code", "read its setup", &e))?;
+    let mut landlock = None;
+    for line in text.lines() {
+        match serde_json::from_str::<CodeSetup>(line) {
+            Ok(CodeSetup::Landlock(enforced)) => landlock = Some(enforced),
+            Ok(CodeSetup::Failed(mut failure)) => {
+                if failure.step == EXEC_STEP {
+                    failure.detail = format!("{}: {}", program.to_string_lossy(), failure.detail);
+                }
+                return Err(failure);
+            }
+            Err(e) => return Err(Failure::plain("start the code", format!("a garbled setup report: {e}"))),
+        }
+    }
+    Ok(landlock)
+}
+
+const EXEC_STEP: &str = "execute the code";
+
+/// In the code's process, last: a session of its own with no terminal,
+/// `stdio` as 0, 1, 2 and nothing else but the setup pipe (closed on exec),
+/// the working directory, the seccomp filter, exec. Returns only on failure.
+pub fn exec_code(exec: &Exec, stdio: &[OwnedFd; 3], setup: BorrowedFd<'_>, seccomp: &[Instruction]) -> Failure {
+    let fail = |detail: String, e: &dyn std::fmt::Display| Failure::plain(EXEC_STEP, format!("{detail}: {e}"));
     if let Err(e) = rustix::process::setsid() {
-        return format!("setsid: {e}");
+        return fail("setsid".to_owned(), &e);
     }
     let [stdin, stdout, stderr] = stdio;
     let dups = rustix::stdio::dup2_stdin(stdin.as_fd())
         .and_then(|()| rustix::stdio::dup2_stdout(stdout.as_fd()))
         .and_then(|()| rustix::stdio::dup2_stderr(stderr.as_fd()));
     if let Err(e) = dups {
-        return format!("standard streams: {e}");
+        return fail("standard streams".to_owned(), &e);
     }
-    // Everything but 0, 1, 2 and the close-on-exec error pipe goes: the
-    // code starts with exactly its three streams.
-    drop((stdin, stdout, stderr));
-    if let Err(e) = sys::close_from_except(3, error_pipe.as_raw_fd()) {
-        return format!("close descriptors: {e}");
+    // Everything but 0, 1, 2 and the close-on-exec setup pipe goes: the
+    // code starts with exactly its three streams. (This process never
+    // returns into the frames that own the descriptors closed here: it
+    // executes the program or exits.)
+    if let Err(e) = sys::close_from_except(3, setup.as_raw_fd()) {
+        return fail("close descriptors".to_owned(), &e);
     }
     if let Err(e) = rustix::process::chdir(exec.cwd.as_c_str()) {
-        return format!("working directory {}: {e}", exec.cwd.to_string_lossy());
+        return fail(format!("working directory {}", exec.cwd.to_string_lossy()), &e);
     }
     if let Err(e) = sys::install_seccomp(seccomp) {
-        return format!("seccomp: {e}");
+        return fail("seccomp".to_owned(), &e);
     }
     let error = sys::execve(&exec.argv[0], &exec.argv, &exec.env);
-    format!("{error}")
-}
-
-/// How the code's process ended, as the sandbox's init saw it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CodeExit {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-    /// Some process of the run held as many descriptors as its limit allows.
-    pub open_files_hit: bool,
-}
-
-/// How often the init looks at the run's open descriptors.
-const FD_SAMPLE: rustix::time::Timespec = rustix::time::Timespec { tv_sec: 0, tv_nsec: 10_000_000 };
-
-/// Child side (sandbox init): reaps every process until `code` exits, and
-/// returns how it ended. Meanwhile it samples, every 10 ms, how many
-/// descriptors each process holds: the kernel counts no EMFILE failures, so
-/// this is how a run that reached its open-file limit is told apart (a
-/// process that reaches the limit and lets go within 10 ms can be missed).
-pub fn reap_until(code: i32, open_files: u64) -> CodeExit {
-    use rustix::event::{PollFd, PollFlags, poll};
-    let mut exit = CodeExit::default();
-    let pidfd = rustix::process::Pid::from_raw(code)
-        .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
-    loop {
-        // Reap whatever ended: the code, or orphans it left to us.
-        loop {
-            match rustix::process::wait(WaitOptions::NOHANG) {
-                Ok(Some((pid, status))) if pid.as_raw_nonzero().get() == code => {
-                    exit.code = status.exit_status();
-                    exit.signal = status.terminating_signal();
-                    return exit;
-                }
-                Ok(Some(_)) => continue,
-                Ok(None) => break,
-                Err(rustix::io::Errno::INTR) => continue,
-                // ECHILD: nothing left, which cannot happen before `code` is reaped.
-                Err(_) => return exit,
-            }
-        }
-        if !exit.open_files_hit {
-            exit.open_files_hit = any_process_at_fd_limit(open_files);
-        }
-        match &pidfd {
-            Some(fd) => {
-                let mut fds = [PollFd::new(fd, PollFlags::IN)];
-                let _ = poll(&mut fds, Some(&FD_SAMPLE));
-            }
-            None => {
-                let _ = rustix::thread::nanosleep(&FD_SAMPLE);
-            }
-        }
-    }
-}
-
-fn any_process_at_fd_limit(limit: u64) -> bool {
-    let Ok(procs) = std::fs::read_dir("/proc") else { return false };
-    procs.flatten().any(|entry| {
-        let name = entry.file_name();
-        let is_pid = name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()) && n != "1");
-        is_pid && std::fs::read_dir(entry.path().join("fd")).map(|fds| fds.count() as u64 >= limit).unwrap_or(false)
-    })
+    Failure::new(EXEC_STEP, "", &error)
 }

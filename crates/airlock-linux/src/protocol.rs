@@ -3,8 +3,11 @@
 //!
 //! The supervisor sends one [`Request`]. Plans can be large (they carry the
 //! code), so a request's body travels in a memfd attached to the message.
-//! The helper and the sandbox's init answer with [`Reply`]s: small messages,
-//! some with descriptors (namespaces, the pid1 pidfd, the report FIFO).
+//! Only the helper answers, with [`Reply`]s: small messages, some with
+//! descriptors (namespaces, the init's pidfd, the report FIFO). A run is
+//! two steps: the helper makes the sandbox ready ([`Reply::Ready`]) and,
+//! when the plan says so, waits until the supervisor releases the code
+//! ([`Control::Release`]).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Seek, Write};
 use std::mem::MaybeUninit;
@@ -35,18 +38,35 @@ pub enum Request {
     /// [user ns, mount ns, stdin, stdout, stderr], then the cgroup's
     /// descriptors (see [`CgroupEntry`]).
     Run(Box<RunPlan>),
+    /// Open a file below the attached folder as the sandbox's user, for a
+    /// supervisor that cannot be that user itself (an ordinary user's
+    /// subordinate id). Attached: [user ns, folder]. Replies
+    /// [`Reply::Opened`] with the file.
+    Open(OpenPlan),
+}
+
+/// Which file to open for the supervisor, and how.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OpenPlan {
+    pub supervisor_pid: i32,
+    /// Relative to the attached folder, checked as a `SandboxPath` is.
+    pub path: String,
+    /// Create it (and its parents) for writing, rather than open it to read.
+    pub write: bool,
 }
 
 /// How to make a sandbox's persistent part.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SetupPlan {
     pub supervisor_pid: i32,
+    /// Who the sandbox's user is on the host.
+    pub ids: crate::hostid::IdMapping,
     /// Size and inode caps of the tmpfs holding /work, /tmp and the layout.
     pub tmpfs_bytes: u64,
     pub tmpfs_inodes: u64,
     /// Entries to create in the sandbox's root, in order.
     pub layout: Vec<LayoutEntry>,
-    /// Host trees bound read-only into the root.
+    /// Host trees bound into the root, read-only unless marked writable.
     pub binds: Vec<Bind>,
 }
 
@@ -63,11 +83,14 @@ pub enum LayoutEntry {
     File { path: String, content: String },
 }
 
-/// A read-only bind mount of a host path into the sandbox.
+/// A bind mount of a host path into the sandbox: read-only, or writable for
+/// the one directory an image build fills.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bind {
     pub source: String,
     pub target: String,
+    #[serde(default)]
+    pub writable: bool,
 }
 
 /// How Landlock should restrict the code.
@@ -97,12 +120,15 @@ pub struct RunPlan {
     pub report_fifo: bool,
     /// Whether to listen on 127.0.0.1:3128 inside and hand the socket over.
     pub proxy_listener: bool,
+    /// Whether the helper, once the sandbox is ready, holds the code until
+    /// [`Control::Release`]: when the supervisor has something to start
+    /// first (the proxy; a pool of ready sandboxes, a claim). Otherwise it
+    /// releases the code itself, which saves two hand-offs per run.
+    pub hold_for_release: bool,
     pub argv: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
     pub rlimits: Vec<Rlimit>,
-    /// The open-file limit, for telling whether the run reached it.
-    pub open_files: u64,
     pub landlock: Option<LandlockPlan>,
     /// The compiled filter, sent as the kernel reads it (base64 of the
     /// `sock_filter` array): a few kilobytes rather than a long JSON list.
@@ -116,11 +142,12 @@ pub struct RunPlan {
 pub enum CgroupEntry {
     /// No cgroup (the policy allowed running without one).
     None,
-    /// cgroup v1: write "0" to each attached `tasks` file, moving the helper
-    /// itself, before making the init.
+    /// cgroup v1: the run's init and the code each write "0" to each
+    /// attached `tasks` file, moving themselves, before anything else. The
+    /// helper stays outside: nothing the run does to its cgroup reaches it.
     EnterTasks,
-    /// cgroup v2: make the init with CLONE_INTO_CGROUP and the attached
-    /// directory.
+    /// cgroup v2: the helper makes the init and the code with
+    /// CLONE_INTO_CGROUP and the attached directory.
     CloneInto,
 }
 
@@ -144,29 +171,65 @@ pub enum RlimitResource {
     MemLock,
 }
 
-/// What the helper and the sandbox's init report.
+/// What the helper reports, in this order for a run.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
-    SetupDone,
-    /// The sandbox's init exists; its pidfd comes attached.
-    Started {
-        pid1: i32,
+    SetupDone {
+        /// Host paths the sandbox's mount table still shows (see `mounts`).
+        host_paths_shown: Vec<String>,
     },
-    /// Everything is in place and the code is about to be executed.
-    /// Attached, in order: the report FIFO if asked for, the proxy listener
-    /// if asked for.
-    Ready {
-        layers: Vec<Layer>,
-        landlock_abi: Option<u32>,
-    },
-    /// The code's process ended.
-    Exited {
-        code: Option<i32>,
-        signal: Option<i32>,
-        /// Some process held as many descriptors as its limit allows.
-        open_files_hit: bool,
-    },
+    /// The file asked for with [`Request::Open`] comes attached.
+    Opened,
+    /// The run's init exists; its pidfd comes attached. Killing it ends the
+    /// run: every process of the run's PID namespace dies with it.
+    Started { pid1: i32 },
+    /// The init made the run's root and the sandbox is ready for the code,
+    /// which waits for [`Control::Release`]. Attached, in order: the report
+    /// FIFO if asked for, the proxy listener if asked for. (Between the init
+    /// and the helper, the init's own word that it is ready, with its
+    /// namespaces first.)
+    Ready,
+    /// The code's process was released and has executed the program. It is
+    /// the helper's child, outside the init's reach.
+    CodeStarted { code_pid: i32, layers: Vec<Layer>, landlock_abi: Option<u32> },
+    /// The code's process ended, and with it the run: how it ended, as its
+    /// parent saw it, and how the init ended if it died first.
+    Ended { code: ProcessEnd, init_first: Option<ProcessEnd> },
     /// A step failed; nothing after it ran.
+    Failed(Failure),
+}
+
+/// What the supervisor tells the helper once the sandbox is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    /// Start the code.
+    Release,
+}
+
+/// How a process ended, from its wait status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcessEnd {
+    Exited(i32),
+    Killed(i32),
+}
+
+impl ProcessEnd {
+    pub fn from_status(status: &rustix::process::WaitIdStatus) -> ProcessEnd {
+        match (status.exit_status(), status.terminating_signal()) {
+            (_, Some(signal)) => ProcessEnd::Killed(signal),
+            (Some(code), None) => ProcessEnd::Exited(code),
+            (None, None) => ProcessEnd::Exited(-1),
+        }
+    }
+}
+
+/// What the code's process tells the helper before it executes the program,
+/// one JSON line each, on a pipe that its exec closes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum CodeSetup {
+    /// How much of Landlock it put in force.
+    Landlock(crate::landlock::Enforced),
+    /// A step failed; the program was not executed.
     Failed(Failure),
 }
 
@@ -277,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_plan_survives_the_trip() {
-        let program = crate::seccomp::compile(&crate::seccomp::Policy::default_policy().unwrap()).unwrap();
+        let program = crate::seccomp::default_program();
         let plan = RunPlan {
             supervisor_pid: 1,
             cgroup: CgroupEntry::None,
@@ -286,11 +349,11 @@ mod tests {
             program_files: vec![("main.py".into(), "print('é')".into())],
             report_fifo: true,
             proxy_listener: false,
+            hold_for_release: false,
             argv: vec!["python".into()],
             env: vec!["A=b".into()],
             cwd: "/work".into(),
             rlimits: vec![],
-            open_files: 256,
             landlock: None,
             seccomp: program.clone(),
         };

@@ -1,16 +1,26 @@
-//! The supervisor's side of one run: start the helper, put it in the run's
-//! cgroup before it does anything, hand it the plan, then watch: output up
-//! to its caps, the wall clock, CPU time, the kill switch. When time is up,
-//! kill the sandbox's init, which takes every process of the run with it.
+//! The supervisor's side of one run: start the helper, hand it the plan,
+//! release the code once the sandbox is ready, and watch: the wall clock,
+//! CPU time, the kill switch, the output up to its caps, the limits the
+//! kernel keeps no count of. When time is up, kill the run's init, which
+//! takes every process of the run with it.
+//!
+//! [`Run`] is the run's state, with one method per event. Every turn of its
+//! loop first keeps time, then does at most one bounded step per ready
+//! source (see `drain`), so nothing the code does with its pipes can delay
+//! a deadline by more than one turn. Once the code has started, nothing is
+//! ever thrown away: a failure of airlock's own is noted beside what was
+//! observed, the helper is always reaped, and the caller gets it all.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use airlock_core::KillSwitch;
-use airlock_core::output::{CappedBuffer, Captured};
+use airlock_core::output::Captured;
 use airlock_policy::{Layer, Limit, OutputOverflow};
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
@@ -18,13 +28,17 @@ use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
 use crate::cgroup::{Placement, RunCgroup};
-use crate::protocol::{self, CgroupEntry, Failure, Reply, Request, RunPlan};
+use crate::drain::Stream;
+use crate::protocol::{self, CgroupEntry, Control, Failure, ProcessEnd, Reply, Request, RunPlan};
+use crate::sampler::{self, Sampler};
 
 /// How long the sandbox may take to be ready before the run is abandoned.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often CPU time and the kill switch are looked at.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
-const CHUNK: usize = 64 * 1024;
+/// How long the helper has to end the run after it was killed, before it is
+/// killed too.
+const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// What to watch a run with.
 pub struct Watch<'a> {
@@ -35,6 +49,10 @@ pub struct Watch<'a> {
     pub report_bytes: usize,
     pub stdin: &'a [u8],
     pub kill: &'a KillSwitch,
+    /// The open-file limit, for telling whether the run reached it.
+    pub open_files: u64,
+    /// The stage tmpfs (/work, /tmp), for telling whether it filled.
+    pub stage: BorrowedFd<'a>,
 }
 
 /// Why the supervisor stopped a run.
@@ -45,28 +63,38 @@ pub enum KillReason {
     Output,
     Requested,
     SetupTimeout,
-    /// The proxy for the allowed hosts could not start: the code must not
-    /// run on, finding its network broken.
+    /// The proxy for the allowed hosts could not start: the code is never
+    /// released without it.
     ProxyFailed,
+    /// Its socket buffers reached the memory cap (cgroup v1).
+    SocketMemory,
 }
 
 /// What the supervisor saw of a run.
 #[derive(Debug, Default)]
 pub struct Observed {
-    pub failure: Option<Failure>,
+    /// Whether the code's process executed the program.
+    pub started: bool,
+    /// The step that failed before the code started (it never ran).
+    pub setup_failure: Option<Failure>,
+    /// Failures of airlock's own after the code started.
+    pub failures: Vec<String>,
     pub killed: Option<KillReason>,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    /// Whether the code's exit was reported (it ran and ended by itself).
-    pub exited: bool,
+    /// How the code's process ended, as the helper, its parent, saw it.
+    pub code_end: Option<ProcessEnd>,
+    /// How the run's init ended, when it died before the code.
+    pub init_first: Option<ProcessEnd>,
     pub stdout: Captured,
     pub stderr: Captured,
     pub report: Vec<u8>,
     pub report_overflow: bool,
     pub layers: Vec<Layer>,
     pub landlock_abi: Option<u32>,
+    /// From the code's start to its end.
     pub wall: Duration,
-    pub limits_hit: Vec<Limit>,
+    /// Limits seen reached: output, disk, inodes, open files.
+    pub reached: BTreeSet<Limit>,
+    pub notes: Vec<String>,
     /// CPU time of the helper and its reaped descendants, for hosts without a cgroup.
     pub rusage_cpu: Option<Duration>,
 }
@@ -79,7 +107,7 @@ pub struct SandboxFds<'a> {
 
 /// Called once the sandbox is ready, with the proxy's listening socket when
 /// the plan asked for one; returns whether the proxy started (if not, the
-/// run is killed at once).
+/// code is not released).
 pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
 
 /// Starts the helper with a socket to it on its standard input. A fresh
@@ -88,6 +116,9 @@ pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
 pub fn spawn_helper(helper: &Path) -> io::Result<(Child, OwnedFd)> {
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     let child = Command::new(helper)
+        // The sandbox's init is a fork of the helper: its /proc/1/cmdline
+        // shows this, never the helper's path on the host.
+        .arg0(crate::HELPER_NAME)
         .env_clear()
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
@@ -108,7 +139,7 @@ pub fn recv_within(socket: BorrowedFd<'_>, timeout: Duration) -> io::Result<Opti
 }
 
 /// Runs `plan` and watches it. Returns `Err` only when the helper could not
-/// even be started.
+/// even be started; after that, everything is in the [`Observed`].
 pub fn run(
     helper: &Path,
     plan: RunPlan,
@@ -117,307 +148,439 @@ pub fn run(
     watch: &Watch<'_>,
     on_proxy: &mut ProxyStart<'_>,
 ) -> io::Result<Observed> {
-    let (wants_report, wants_proxy) = (plan.report_fifo, plan.proxy_listener);
-    // How the helper enters the cgroup follows from the cgroup itself, so the
-    // plan and the descriptors sent with it cannot disagree.
-    let placement = cgroup.map(|c| c.placement()).transpose()?;
-    let mut plan = plan;
-    (plan.cgroup, plan.cgroup_fds) = match &placement {
-        None => (CgroupEntry::None, 0),
-        Some(Placement::EnterTasks(tasks)) => (CgroupEntry::EnterTasks, tasks.len()),
-        Some(Placement::CloneInto(_)) => (CgroupEntry::CloneInto, 1),
-    };
-    let request = Request::Run(Box::new(plan));
+    let mut run = Run::start(helper, plan, sandbox, cgroup, watch, on_proxy)?;
+    while !run.helper_done {
+        run.turn();
+    }
+    Ok(run.finish())
+}
 
-    // Only our ends are non-blocking: the code writes to a blocking pipe, as
-    // any program expects.
-    let (stdout_read, stdout_write) = pipe_with(PipeFlags::CLOEXEC)?;
-    let (stderr_read, stderr_write) = pipe_with(PipeFlags::CLOEXEC)?;
-    rustix::fs::fcntl_setfl(&stdout_read, rustix::fs::OFlags::NONBLOCK)?;
-    rustix::fs::fcntl_setfl(&stderr_read, rustix::fs::OFlags::NONBLOCK)?;
-    // stdin: the caller's bytes through a pipe, or /dev/null.
-    let (stdin_read, stdin_write) = if watch.stdin.is_empty() {
-        let null = rustix::fs::open(
-            "/dev/null",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?;
-        (null, None)
-    } else {
-        let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
-        rustix::fs::fcntl_setfl(&w, rustix::fs::OFlags::NONBLOCK)?;
-        (r, Some(w))
-    };
+/// The code's standard input: the caller's bytes through a pipe.
+struct Stdin<'a> {
+    fd: OwnedFd,
+    rest: &'a [u8],
+}
 
-    let (mut child, ours) = spawn_helper(helper)?;
-    let helper_pid = child.id();
-    let mut observed = Observed::default();
+/// One run, from the supervisor's side.
+struct Run<'a, 'w, 'p> {
+    watch: &'a Watch<'w>,
+    cgroup: Option<&'a dyn RunCgroup>,
+    on_proxy: &'a mut ProxyStart<'p>,
+    wants_report: bool,
+    wants_proxy: bool,
+    /// The helper holds the code until it is released.
+    holds: bool,
+    helper: Child,
+    helper_pidfd: OwnedFd,
+    helper_done: bool,
+    socket: OwnedFd,
+    /// The run's init: killing it ends the run.
+    init: Option<OwnedFd>,
+    /// The init's and the code's pids, for walking the run's processes
+    /// without a cgroup.
+    roots: Vec<i32>,
+    spawned_at: Instant,
+    started_at: Option<Instant>,
+    ended_at: Option<Instant>,
+    killed_at: Option<Instant>,
+    next_check: Instant,
+    stdout: Stream,
+    stderr: Stream,
+    report: Option<Stream>,
+    stdin: Option<Stdin<'w>>,
+    null: OwnedFd,
+    sampler: Sampler<'w>,
+    observed: Observed,
+}
 
-    let started = (|| -> io::Result<OwnedFd> {
-        let pid = Pid::from_raw(helper_pid as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
-        let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
-        // The helper puts the run into its cgroup itself, before the run's
-        // first process exists: every process, every byte, is counted.
-        let mut fds =
-            vec![sandbox.user_ns, sandbox.mount_ns, stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()];
-        match &placement {
-            Some(Placement::EnterTasks(tasks)) => fds.extend(tasks.iter().map(AsFd::as_fd)),
-            Some(Placement::CloneInto(dir)) => fds.push(dir.as_fd()),
-            None => {}
+/// Which source a poll slot belongs to.
+#[derive(Clone, Copy)]
+enum Source {
+    Socket,
+    Helper,
+    Stdout,
+    Stderr,
+    Report,
+    Stdin,
+}
+
+impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
+    fn start(
+        helper: &Path,
+        plan: RunPlan,
+        sandbox: SandboxFds<'_>,
+        cgroup: Option<&'a dyn RunCgroup>,
+        watch: &'a Watch<'w>,
+        on_proxy: &'a mut ProxyStart<'p>,
+    ) -> io::Result<Run<'a, 'w, 'p>> {
+        let (wants_report, wants_proxy, holds) = (plan.report_fifo, plan.proxy_listener, plan.hold_for_release);
+        // How the run enters its cgroup follows from the cgroup itself, so
+        // the plan and the descriptors sent with it cannot disagree.
+        let placement = cgroup.map(|c| c.placement()).transpose()?;
+        let mut plan = plan;
+        (plan.cgroup, plan.cgroup_fds) = match &placement {
+            None => (CgroupEntry::None, 0),
+            Some(Placement::EnterTasks(tasks)) => (CgroupEntry::EnterTasks, tasks.len()),
+            Some(Placement::CloneInto(_)) => (CgroupEntry::CloneInto, 1),
+        };
+        let request = Request::Run(Box::new(plan));
+
+        // Only our ends are non-blocking: the code writes to a blocking pipe,
+        // as any program expects.
+        let (stdout_read, stdout_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (stderr_read, stderr_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        rustix::fs::fcntl_setfl(&stdout_read, rustix::fs::OFlags::NONBLOCK)?;
+        rustix::fs::fcntl_setfl(&stderr_read, rustix::fs::OFlags::NONBLOCK)?;
+        let open =
+            |flags| rustix::fs::open("/dev/null", flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty());
+        let null = open(rustix::fs::OFlags::WRONLY)?;
+        // stdin: the caller's bytes through a pipe, or /dev/null.
+        let (stdin_read, stdin) = if watch.stdin.is_empty() {
+            (open(rustix::fs::OFlags::RDONLY)?, None)
+        } else {
+            let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
+            rustix::fs::fcntl_setfl(&w, rustix::fs::OFlags::NONBLOCK)?;
+            (r, Some(Stdin { fd: w, rest: watch.stdin }))
+        };
+
+        let (mut child, socket) = spawn_helper(helper)?;
+        let sent = (|| -> io::Result<OwnedFd> {
+            let pid = Pid::from_raw(child.id() as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
+            let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
+            // The run's processes enter the cgroup before they do anything:
+            // every process, every byte, is counted.
+            let mut fds =
+                vec![sandbox.user_ns, sandbox.mount_ns, stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()];
+            match &placement {
+                Some(Placement::EnterTasks(tasks)) => fds.extend(tasks.iter().map(AsFd::as_fd)),
+                Some(Placement::CloneInto(dir)) => fds.push(dir.as_fd()),
+                None => {}
+            }
+            protocol::send_request(socket.as_fd(), &request, &fds)?;
+            Ok(pidfd)
+        })();
+        drop((stdin_read, stdout_write, stderr_write, placement));
+        let helper_pidfd = match sent {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        let now = Instant::now();
+        Ok(Run {
+            watch,
+            cgroup,
+            on_proxy,
+            wants_report,
+            wants_proxy,
+            holds,
+            helper: child,
+            helper_pidfd,
+            helper_done: false,
+            socket,
+            init: None,
+            roots: Vec::new(),
+            spawned_at: now,
+            started_at: None,
+            ended_at: None,
+            killed_at: None,
+            next_check: now + CHECK_INTERVAL,
+            stdout: Stream::new(stdout_read, watch.output_bytes),
+            stderr: Stream::new(stderr_read, watch.output_bytes),
+            report: None,
+            stdin,
+            null,
+            sampler: Sampler::new(watch.stage, watch.open_files),
+            observed: Observed::default(),
+        })
+    }
+
+    /// One turn: keep time, wait for the next event or deadline, take one
+    /// bounded step on each source that is ready.
+    fn turn(&mut self) {
+        self.on_tick(Instant::now());
+        let now = Instant::now();
+        let mut slots: Vec<Source> = vec![Source::Socket, Source::Helper];
+        let mut fds = vec![PollFd::new(&self.socket, PollFlags::IN), PollFd::new(&self.helper_pidfd, PollFlags::IN)];
+        for (source, stream) in [
+            (Source::Stdout, Some(&self.stdout)),
+            (Source::Stderr, Some(&self.stderr)),
+            (Source::Report, self.report.as_ref()),
+        ] {
+            if let Some(stream) = stream.filter(|s| s.wants_poll(now)) {
+                slots.push(source);
+                fds.push(PollFd::new(stream.fd(), PollFlags::IN));
+            }
         }
-        protocol::send_request(ours.as_fd(), &request, &fds)?;
-        Ok(pidfd)
-    })();
-    drop((stdin_read, stdout_write, stderr_write));
-    let helper_pidfd = match started {
-        Ok(fd) => fd,
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
+        if let Some(stdin) = &self.stdin {
+            slots.push(Source::Stdin);
+            fds.push(PollFd::new(&stdin.fd, PollFlags::OUT));
         }
-    };
+        let timeout = self.next_wake().saturating_duration_since(now).max(Duration::from_micros(100));
+        let ts = rustix::time::Timespec::try_from(timeout).unwrap_or(rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 });
+        let polled = poll(&mut fds, Some(&ts));
+        let ready: Vec<Source> =
+            slots.iter().zip(&fds).filter(|(_, fd)| !fd.revents().is_empty()).map(|(s, _)| *s).collect();
+        drop(fds);
+        match polled {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                // Nothing can be watched any more: end the run, helper
+                // included, and keep what was seen.
+                self.fail(format!("the supervisor could not watch the run (poll: {e})"));
+                self.kill_helper();
+                self.helper_done = true;
+                return;
+            }
+        }
+        let now = Instant::now();
+        for source in ready {
+            match source {
+                Source::Socket => self.on_socket(),
+                Source::Helper => self.helper_done = true,
+                Source::Stdout => self.on_output(Source::Stdout, now),
+                Source::Stderr => self.on_output(Source::Stderr, now),
+                Source::Report => self.on_output(Source::Report, now),
+                Source::Stdin => self.on_stdin(),
+            }
+        }
+    }
 
-    let mut stdout = CappedBuffer::new(watch.output_bytes);
-    let mut stderr = CappedBuffer::new(watch.output_bytes);
-    let mut stdout_open = true;
-    let mut stderr_open = true;
-    let mut stdin_write = stdin_write;
-    let mut stdin_sent = 0usize;
-    let mut report: Option<OwnedFd> = None;
-    let mut init_pidfd: Option<OwnedFd> = None;
-    let spawned_at = Instant::now();
-    let mut ready_at: Option<Instant> = None;
-    let mut ended_at: Option<Instant> = None;
-    let mut next_check = Instant::now() + CHECK_INTERVAL;
+    /// The earliest deadline or check.
+    fn next_wake(&self) -> Instant {
+        let deadline = match self.started_at {
+            Some(started) => started + self.watch.wall_time,
+            None => self.spawned_at + SETUP_TIMEOUT,
+        };
+        let mut wake = self.next_check.min(deadline);
+        let resting = [self.stdout.wake_at(), self.stderr.wake_at(), self.report.as_ref().and_then(Stream::wake_at)];
+        for at in resting.into_iter().chain([self.sampler.next_at(), self.killed_at.map(|k| k + KILL_GRACE)]) {
+            wake = at.map_or(wake, |at| wake.min(at));
+        }
+        wake
+    }
 
-    // Kills the run; the first reason given is the one recorded.
-    let kill_now = |init: &Option<OwnedFd>| {
-        match init {
+    /// Deadlines, the kill switch, CPU time, the sampler.
+    fn on_tick(&mut self, now: Instant) {
+        let running = self.ended_at.is_none();
+        match self.started_at {
+            None if now.duration_since(self.spawned_at) > SETUP_TIMEOUT => self.kill(KillReason::SetupTimeout),
+            Some(started) if running && now.duration_since(started) >= self.watch.wall_time => {
+                self.kill(KillReason::WallTime)
+            }
+            _ => {}
+        }
+        if now >= self.next_check {
+            self.next_check = now + CHECK_INTERVAL;
+            if self.watch.kill.is_killed() {
+                self.kill(KillReason::Requested);
+            }
+            if running && self.cgroup.and_then(|c| c.cpu_usage()).is_some_and(|used| used >= self.watch.cpu_time) {
+                self.kill(KillReason::CpuTime);
+            }
+            if running && self.cgroup.is_some_and(|c| c.socket_memory_exhausted()) {
+                self.kill(KillReason::SocketMemory);
+            }
+        }
+        let (cgroup, roots) = (self.cgroup, &self.roots);
+        self.sampler.sample_if_due(now, || match cgroup {
+            Some(cgroup) => cgroup.processes(),
+            None => sampler::descendants(roots),
+        });
+        if self.killed_at.is_some_and(|at| now.duration_since(at) >= KILL_GRACE) {
+            self.fail(format!("the helper did not end the run within {KILL_GRACE:?} of its kill"));
+            self.kill_helper();
+            self.killed_at = None;
+        }
+    }
+
+    fn on_output(&mut self, source: Source, now: Instant) {
+        let stream = match source {
+            Source::Stdout => &mut self.stdout,
+            Source::Stderr => &mut self.stderr,
+            _ => match &mut self.report {
+                Some(report) => report,
+                None => return,
+            },
+        };
+        stream.step(&self.null, now);
+        let over = self.stdout.is_over() || self.stderr.is_over();
+        if over && self.watch.output_overflow == OutputOverflow::Kill && self.ended_at.is_none() {
+            self.kill(KillReason::Output);
+        }
+    }
+
+    fn on_stdin(&mut self) {
+        let Some(stdin) = &mut self.stdin else { return };
+        match rustix::io::write(&stdin.fd, stdin.rest) {
+            Ok(n) => stdin.rest = &stdin.rest[n..],
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            // EPIPE: the code closed its stdin; the rest is not wanted.
+            Err(_) => stdin.rest = &[],
+        }
+        if stdin.rest.is_empty() {
+            self.stdin = None;
+        }
+    }
+
+    /// The helper's messages (a handful per run).
+    fn on_socket(&mut self) {
+        loop {
+            match recv_nonblocking(self.socket.as_fd()) {
+                Ok(Some((reply, fds))) => self.on_reply(reply, fds),
+                Ok(None) => return,
+                Err(e) => {
+                    self.fail(format!("a garbled message from the helper: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_reply(&mut self, reply: Reply, mut fds: Vec<OwnedFd>) {
+        match reply {
+            Reply::Started { pid1 } => {
+                self.init = fds.pop();
+                self.roots.push(pid1);
+                if self.observed.killed.is_some() {
+                    self.kill_now();
+                }
+            }
+            Reply::Ready => self.on_ready(fds),
+            Reply::CodeStarted { code_pid, layers, landlock_abi } => {
+                let now = Instant::now();
+                self.started_at = Some(now);
+                self.observed.started = true;
+                self.observed.layers = layers;
+                self.observed.landlock_abi = landlock_abi;
+                self.roots.push(code_pid);
+                self.sampler.start(now);
+            }
+            Reply::Ended { code, init_first } => {
+                self.ended_at = Some(Instant::now());
+                self.observed.code_end = Some(code);
+                self.observed.init_first = init_first;
+                self.sampler.stop();
+            }
+            Reply::Failed(failure) => {
+                if self.observed.started {
+                    self.fail(format!("the helper failed: {failure}"));
+                } else {
+                    self.observed.setup_failure.get_or_insert(failure);
+                    self.kill_now();
+                }
+            }
+            Reply::SetupDone { .. } | Reply::Opened => self.fail("the helper sent an unexpected reply".to_owned()),
+        }
+    }
+
+    /// The sandbox is ready: start the proxy on its listener, then release
+    /// the code if the helper holds it, unless the run is already over.
+    fn on_ready(&mut self, fds: Vec<OwnedFd>) {
+        let mut fds = fds.into_iter();
+        if self.wants_report {
+            self.report = fds.next().map(|fd| Stream::new(fd, self.watch.report_bytes as u64));
+        }
+        // No listener handed over counts as a proxy that did not start.
+        if self.wants_proxy && !fds.next().is_some_and(&mut *self.on_proxy) {
+            self.kill(KillReason::ProxyFailed);
+        }
+        if self.observed.killed.is_some() {
+            self.kill_now();
+            return;
+        }
+        if !self.holds {
+            return;
+        }
+        if let Err(e) = protocol::send(self.socket.as_fd(), &Control::Release, &[]) {
+            self.observed.setup_failure.get_or_insert(Failure::new("release the code", "", &e));
+            self.kill_now();
+        }
+    }
+
+    /// Kills the run; the first reason given is the one recorded.
+    fn kill(&mut self, reason: KillReason) {
+        self.observed.killed.get_or_insert(reason);
+        self.kill_now();
+    }
+
+    fn kill_now(&mut self) {
+        match &self.init {
             // Killing PID 1 of the namespace kills every process in it.
             Some(fd) => {
                 let _ = pidfd_send_signal(fd, Signal::KILL);
             }
-            None => {
-                let _ = pidfd_send_signal(&helper_pidfd, Signal::KILL);
-            }
+            None => self.kill_helper(),
         }
-        if let Some(cgroup) = cgroup {
+        if let Some(cgroup) = self.cgroup {
             cgroup.kill_all();
         }
-    };
-    let kill = |observed: &mut Observed, reason: KillReason, init: &Option<OwnedFd>| {
-        observed.killed.get_or_insert(reason);
-        kill_now(init);
-    };
-
-    let mut helper_done = false;
-    while !helper_done {
-        let now = Instant::now();
-        // Deadlines.
-        match ready_at {
-            None if now.duration_since(spawned_at) > SETUP_TIMEOUT => {
-                kill(&mut observed, KillReason::SetupTimeout, &init_pidfd)
-            }
-            Some(ready) if ended_at.is_none() && now.duration_since(ready) >= watch.wall_time => {
-                kill(&mut observed, KillReason::WallTime, &init_pidfd)
-            }
-            _ => {}
-        }
-        if now >= next_check {
-            next_check = now + CHECK_INTERVAL;
-            if watch.kill.is_killed() {
-                kill(&mut observed, KillReason::Requested, &init_pidfd);
-            }
-            if let Some(used) = cgroup.and_then(|c| c.cpu_usage()) {
-                if used >= watch.cpu_time {
-                    kill(&mut observed, KillReason::CpuTime, &init_pidfd);
-                }
-            }
-        }
-        let wall_deadline = ready_at.map(|r| r + watch.wall_time).unwrap_or(spawned_at + SETUP_TIMEOUT);
-        let wake = next_check.min(wall_deadline);
-        let timeout = wake.saturating_duration_since(Instant::now());
-
-        let mut fds = vec![PollFd::new(&ours, PollFlags::IN), PollFd::new(&helper_pidfd, PollFlags::IN)];
-        let stdout_slot = stdout_open.then(|| {
-            fds.push(PollFd::new(&stdout_read, PollFlags::IN));
-            fds.len() - 1
-        });
-        let stderr_slot = stderr_open.then(|| {
-            fds.push(PollFd::new(&stderr_read, PollFlags::IN));
-            fds.len() - 1
-        });
-        let stdin_slot = stdin_write.as_ref().map(|w| {
-            fds.push(PollFd::new(w, PollFlags::OUT));
-            fds.len() - 1
-        });
-        let report_slot = report.as_ref().map(|r| {
-            fds.push(PollFd::new(r, PollFlags::IN));
-            fds.len() - 1
-        });
-        let ts = rustix::time::Timespec::try_from(timeout.max(Duration::from_millis(1)))
-            .unwrap_or(rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 });
-        match poll(&mut fds, Some(&ts)) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-        let ready = |slot: Option<usize>| slot.is_some_and(|i| !fds[i].revents().is_empty());
-        let socket_ready = !fds[0].revents().is_empty();
-        helper_done = !fds[1].revents().is_empty();
-        let (out_ready, err_ready, in_ready, rep_ready) =
-            (ready(stdout_slot), ready(stderr_slot), ready(stdin_slot), ready(report_slot));
-        drop(fds);
-
-        if out_ready {
-            stdout_open = drain(&stdout_read, &mut stdout);
-        }
-        if err_ready {
-            stderr_open = drain(&stderr_read, &mut stderr);
-        }
-        if (stdout.is_over() || stderr.is_over()) && watch.output_overflow == OutputOverflow::Kill && ended_at.is_none()
-        {
-            kill(&mut observed, KillReason::Output, &init_pidfd);
-        }
-        if in_ready {
-            if let Some(w) = &stdin_write {
-                match rustix::io::write(w, &watch.stdin[stdin_sent..]) {
-                    Ok(n) => stdin_sent += n,
-                    Err(rustix::io::Errno::AGAIN) => {}
-                    // EPIPE: the code closed its stdin; the rest is not wanted.
-                    Err(_) => stdin_sent = watch.stdin.len(),
-                }
-            }
-            if stdin_sent >= watch.stdin.len() {
-                stdin_write = None;
-            }
-        }
-        if rep_ready {
-            if let Some(r) = &report {
-                read_report(r, &mut observed, watch.report_bytes);
-            }
-        }
-        if socket_ready {
-            while let Some((reply, mut fds)) = recv_nonblocking(ours.as_fd()) {
-                match reply {
-                    Reply::Started { .. } => init_pidfd = fds.pop(),
-                    Reply::Ready { layers, landlock_abi } => {
-                        ready_at = Some(Instant::now());
-                        observed.layers = layers;
-                        observed.landlock_abi = landlock_abi;
-                        let mut fds = fds.into_iter();
-                        if wants_report {
-                            report = fds.next();
-                        }
-                        // No listener handed over counts as a proxy that did
-                        // not start: the code must not run on without it.
-                        if wants_proxy && !fds.next().is_some_and(&mut *on_proxy) {
-                            kill(&mut observed, KillReason::ProxyFailed, &init_pidfd);
-                        }
-                        if observed.killed.is_some() {
-                            kill_now(&init_pidfd);
-                        }
-                    }
-                    Reply::Exited { code, signal, open_files_hit } => {
-                        if open_files_hit {
-                            observed.limits_hit.push(Limit::OpenFiles);
-                        }
-                        ended_at = Some(Instant::now());
-                        observed.exited = true;
-                        observed.exit_code = code;
-                        observed.signal = signal;
-                    }
-                    Reply::Failed(failure) => {
-                        observed.failure.get_or_insert(failure);
-                        kill_now(&init_pidfd);
-                    }
-                    Reply::SetupDone => {}
-                }
-            }
-        }
+        self.killed_at.get_or_insert_with(Instant::now);
     }
 
-    // The helper has exited, so every process of the run is gone and every
-    // writer of the pipes closed: what is left in them is all there is.
-    // wait4 rather than Child::wait: its rusage sums the helper and every
-    // descendant it and the init reaped, the CPU time of a run without a cgroup.
-    observed.rusage_cpu = crate::sys::wait4_cpu_time(helper_pid as i32).ok();
-    drop(child);
-    drain(&stdout_read, &mut stdout);
-    drain(&stderr_read, &mut stderr);
-    if let Some(r) = &report {
-        read_report(r, &mut observed, watch.report_bytes);
+    fn kill_helper(&self) {
+        let _ = pidfd_send_signal(&self.helper_pidfd, Signal::KILL);
     }
-    while let Some((reply, _)) = recv_nonblocking(ours.as_fd()) {
-        match reply {
-            Reply::Exited { code, signal, open_files_hit } if !observed.exited => {
-                if open_files_hit {
-                    observed.limits_hit.push(Limit::OpenFiles);
-                }
-                ended_at.get_or_insert_with(Instant::now);
-                observed.exited = true;
-                observed.exit_code = code;
-                observed.signal = signal;
-            }
-            Reply::Failed(failure) => {
-                observed.failure.get_or_insert(failure);
-            }
-            _ => {}
-        }
-    }
-    if ready_at.is_none() && observed.failure.is_none() && observed.killed.is_none() {
-        observed.failure =
-            Some(Failure::plain("start the sandbox", "the helper exited without setting up the sandbox"));
-    }
-    let end = ended_at.unwrap_or_else(Instant::now);
-    observed.wall = ready_at.map(|r| end.saturating_duration_since(r)).unwrap_or_default();
-    if stdout.is_over() || stderr.is_over() {
-        observed.limits_hit.push(Limit::Output);
-    }
-    observed.stdout = stdout.finish();
-    observed.stderr = stderr.finish();
-    Ok(observed)
-}
 
-/// Reads what a non-blocking pipe holds; false once it reached end of file.
-fn drain(fd: &OwnedFd, into: &mut CappedBuffer) -> bool {
-    let mut buf = [0u8; CHUNK];
-    loop {
-        match rustix::io::read(fd, &mut buf) {
-            Ok(0) => return false,
-            Ok(n) => {
-                into.push(&buf[..n]);
-            }
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return true,
+    /// Airlock's own machinery failed: say so, and end the run.
+    fn fail(&mut self, what: String) {
+        self.observed.failures.push(what);
+        self.kill_now();
+    }
+
+    /// The helper has exited, so every process of the run is gone and every
+    /// writer of the pipes closed: what is left in them is all there is.
+    fn finish(mut self) -> Observed {
+        // wait4 rather than Child::wait: its rusage sums the helper and every
+        // descendant it reaped, the CPU time of a run without a cgroup.
+        let helper_pid = self.helper.id() as i32;
+        let helper_status = crate::sys::wait4_cpu_time(helper_pid);
+        self.observed.rusage_cpu = helper_status.as_ref().ok().map(|(cpu, _)| *cpu);
+        self.on_socket();
+        for stream in [Some(&mut self.stdout), Some(&mut self.stderr), self.report.as_mut()].into_iter().flatten() {
+            stream.drain_rest(&self.null);
         }
+        self.sampler.sample_disk();
+        let observed = &mut self.observed;
+        if observed.started && observed.code_end.is_none() && observed.failures.is_empty() {
+            let status = match &helper_status {
+                Ok((_, status)) => status.clone(),
+                Err(e) => e.to_string(),
+            };
+            observed.failures.push(format!("the helper ended without reporting the code's end ({status})"));
+        }
+        if !observed.started && observed.setup_failure.is_none() && observed.killed.is_none() {
+            observed.setup_failure =
+                Some(Failure::plain("start the sandbox", "the helper exited without starting the code"));
+        }
+        if let Some(started) = self.started_at {
+            observed.wall = self.ended_at.unwrap_or_else(Instant::now).saturating_duration_since(started);
+        }
+        if self.stdout.is_over() || self.stderr.is_over() {
+            observed.reached.insert(Limit::Output);
+        }
+        let (seen, note) = self.sampler.finish();
+        observed.reached.extend(seen);
+        observed.notes.extend(note);
+        if let Some(report) = self.report {
+            observed.report_overflow = report.is_over();
+            observed.report = report.finish().bytes;
+        }
+        observed.stdout = self.stdout.finish();
+        observed.stderr = self.stderr.finish();
+        drop(self.helper);
+        self.observed
     }
 }
 
-fn read_report(fd: &OwnedFd, observed: &mut Observed, cap: usize) {
-    let mut buf = [0u8; CHUNK];
-    loop {
-        match rustix::io::read(fd, &mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                // Past the cap, keep reading (so the writer never blocks) but keep nothing.
-                if observed.report.len() + n <= cap {
-                    observed.report.extend_from_slice(&buf[..n]);
-                } else {
-                    observed.report_overflow = true;
-                }
-            }
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return,
-        }
-    }
-}
-
-fn recv_nonblocking(socket: BorrowedFd<'_>) -> Option<(Reply, Vec<OwnedFd>)> {
+/// One message if one is waiting.
+fn recv_nonblocking(socket: BorrowedFd<'_>) -> io::Result<Option<(Reply, Vec<OwnedFd>)>> {
     let mut fds = [PollFd::new(&socket, PollFlags::IN)];
     let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
     match poll(&mut fds, Some(&zero)) {
-        Ok(n) if n > 0 && fds[0].revents().contains(PollFlags::IN) => protocol::recv(socket).ok().flatten(),
-        _ => None,
+        Ok(n) if n > 0 && fds[0].revents().contains(PollFlags::IN) => protocol::recv(socket),
+        _ => Ok(None),
     }
 }

@@ -104,6 +104,15 @@ pub fn set_thread_fs_ids(uid: u32, gid: u32) -> io::Result<(u32, u32)> {
     Ok((previous_uid, previous_gid))
 }
 
+/// `fcntl(fd, F_OFD_SETLK, lock)`: takes (or fails at once to take) a lock
+/// that belongs to this open file description, not to the process.
+pub fn set_ofd_lock(fd: BorrowedFd<'_>, lock: &libc::flock) -> io::Result<()> {
+    // SAFETY: `lock` is a valid `struct flock` borrowed for the call, which
+    // only reads it for F_OFD_SETLK; `fd` is open for as long as it is borrowed.
+    let ret = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, std::ptr::from_ref(lock)) };
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
 /// Installs a seccomp filter on this thread (the process is single-threaded).
 pub fn install_seccomp(program: &[Instruction]) -> io::Result<()> {
     #[repr(C)]
@@ -214,8 +223,8 @@ pub fn landlock_abi() -> Option<u32> {
 }
 
 /// Waits for child `pid` and returns the CPU time (user + system) it and the
-/// descendants it reaped used.
-pub fn wait4_cpu_time(pid: i32) -> io::Result<std::time::Duration> {
+/// descendants it reaped used, and how it ended, in words.
+pub fn wait4_cpu_time(pid: i32) -> io::Result<(std::time::Duration, String)> {
     let mut status: libc::c_int = 0;
     // SAFETY: rusage is plain old data; all-zero is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -231,5 +240,34 @@ pub fn wait4_cpu_time(pid: i32) -> io::Result<std::time::Duration> {
         }
     }
     let time = |tv: libc::timeval| std::time::Duration::new(tv.tv_sec as u64, (tv.tv_usec as u32) * 1000);
-    Ok(time(usage.ru_utime) + time(usage.ru_stime))
+    let ended = if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    };
+    Ok((time(usage.ru_utime) + time(usage.ru_stime), ended))
+}
+
+/// The run's init, its work done: reaps whatever is orphaned to it, for
+/// ever. SIGCHLD is blocked and waited for, so it sleeps until a child ends
+/// and wakes for nothing else; the helper outside ends it with SIGKILL.
+pub fn reap_orphans_forever() -> ! {
+    // SAFETY: sigset_t is plain data; all-zero is a valid value, which
+    // sigemptyset then initialises.
+    let mut sigchld: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `sigchld` is a valid sigset_t owned here; SIGCHLD is a valid
+    // signal number. The init is single-threaded, so the process mask is
+    // this thread's.
+    unsafe {
+        libc::sigemptyset(&raw mut sigchld);
+        libc::sigaddset(&raw mut sigchld, libc::SIGCHLD);
+        libc::sigprocmask(libc::SIG_BLOCK, &raw const sigchld, std::ptr::null_mut());
+    }
+    loop {
+        // Every child that has ended, then sleep until the next one does (a
+        // SIGCHLD sent between the two stays pending and wakes it at once).
+        while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
+        // SAFETY: `sigchld` is a valid, initialised set; no siginfo is asked for.
+        unsafe { libc::sigwaitinfo(&raw const sigchld, std::ptr::null_mut()) };
+    }
 }

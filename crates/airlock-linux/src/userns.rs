@@ -1,38 +1,37 @@
 //! User namespaces: the sandbox's own, where its code runs as an
-//! unprivileged user, [`SANDBOX_UID`] inside and an unprivileged user on the
-//! host too.
+//! unprivileged user, [`SANDBOX_UID`] inside and a host id of its own
+//! outside (see `hostid` for which).
 //!
-//! An ordinary caller maps the sandbox's user to itself, which needs no
-//! privilege. Root must not: code running as host uid 0, even without a
-//! capability, would own every root-owned file a later kernel bug exposed
-//! and count against no per-user limit. So as root the sandbox's user is
-//! [`HOST_ID_FOR_ROOT`] (nobody) on the host, and root's own uid is not
-//! mapped into the namespace at all. Such a map needs CAP_SETUID in the
-//! parent namespace, which the helper loses the moment it unshares, so a
-//! child forked before the unshare writes it.
+//! Who creates the namespace matters as much as the map: the kernel charges
+//! a namespace's per-user budgets (inotify, pending signals, message queues,
+//! locked shared memory) up its hierarchy to the uid that *created* it. So as
+//! root the helper first becomes the sandbox's host id and creates the
+//! namespace as that id, which then may map itself without privilege; root's
+//! own uid is never mapped into the sandbox. An ordinary user creates it as
+//! itself and maps itself, or a subordinate id through the setuid
+//! `newuidmap`/`newgidmap`, which a child forked before the unshare runs
+//! from outside the namespace.
 
 use std::fs;
 use std::io::Read;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::{Command, Stdio};
 
 use rustix::thread::{LinkNameSpaceType, UnshareFlags, move_into_link_name_space};
 
+use crate::hostid::{Allocator, IdMapping};
 use crate::mounts::{SANDBOX_GID, SANDBOX_UID};
 use crate::protocol::Failure;
 use crate::sys::{self, Forked};
 
-/// The host uid and gid the sandbox's user is when the supervisor is root.
-pub const HOST_ID_FOR_ROOT: u32 = 65534;
-
 /// Supervisor side, for the probe: whether this process can make the
-/// sandboxes it would make. As root that means mapping [`HOST_ID_FOR_ROOT`],
-/// which needs CAP_SETUID and CAP_SETGID and that id to exist in this
+/// sandboxes it would make. As root that means taking the reserved ids,
+/// which needs CAP_SETUID and CAP_SETGID and those ids to exist in this
 /// process's own user namespace (root inside `unshare -r`, say, has only
-/// itself). Ordinary users map themselves, which always works.
-pub fn check_mapping() -> Result<(), String> {
-    if !rustix::process::geteuid().is_root() {
-        return Ok(());
-    }
+/// itself). Ordinary users map themselves or their subordinate ids.
+pub fn check_mapping(ids: &Result<Allocator, String>) -> Result<(), String> {
+    let allocator = ids.as_ref().map_err(Clone::clone)?;
+    let Some(range) = allocator.reserved_range() else { return Ok(()) };
     let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
     let effective = status
         .lines()
@@ -43,8 +42,8 @@ pub fn check_mapping() -> Result<(), String> {
     const CAP_SETUID: u64 = 1 << 7;
     if effective & (CAP_SETUID | CAP_SETGID) != CAP_SETUID | CAP_SETGID {
         return Err(format!(
-            "running as root without CAP_SETUID and CAP_SETGID, airlock cannot run the sandbox as host uid \
-             {HOST_ID_FOR_ROOT} (nobody), and it never runs it as root; run airlock as an ordinary user, or with \
+            "running as root without CAP_SETUID and CAP_SETGID, airlock cannot run sandboxes as host ids \
+             {range} of its own, and it never runs them as root; run airlock as an ordinary user, or with \
              those capabilities"
         ));
     }
@@ -52,13 +51,16 @@ pub fn check_mapping() -> Result<(), String> {
         let map = fs::read_to_string(format!("/proc/self/{file}")).unwrap_or_default();
         let mapped = map.lines().any(|line| {
             let numbers: Vec<u64> = line.split_whitespace().filter_map(|n| n.parse().ok()).collect();
-            matches!(numbers[..], [inside, _, count] if (inside..inside + count).contains(&u64::from(HOST_ID_FOR_ROOT)))
+            matches!(numbers[..], [inside, _, count]
+                if inside <= u64::from(range.first) && u64::from(range.last()) < inside + count)
         });
         if !mapped {
             return Err(format!(
-                "this root is in a user namespace where id {HOST_ID_FOR_ROOT} (nobody) does not exist \
-                 (/proc/self/{file}), so airlock cannot run the sandbox as nobody, and it never runs it as root; \
-                 run airlock as an ordinary user, or map {HOST_ID_FOR_ROOT} into this namespace"
+                "this root is in a user namespace where airlock's host ids {range} do not exist \
+                 (/proc/self/{file}), so airlock cannot run sandboxes as them, and it never runs them as root; \
+                 run airlock as an ordinary user, map those ids into this namespace, or choose ids it has \
+                 with {}",
+                crate::hostid::RANGE_ENV
             ));
         }
     }
@@ -66,33 +68,40 @@ pub fn check_mapping() -> Result<(), String> {
 }
 
 /// Child side, at setup: a new user and mount namespace in which
-/// [`SANDBOX_UID`] is the caller, or [`HOST_ID_FOR_ROOT`] for root. The helper keeps its
-/// host uid (and with it its access to the host's files, to clone the trees
-/// it binds) until [`become_sandbox_user`].
-pub fn enter_new() -> Result<(), Failure> {
-    let root = rustix::process::geteuid().is_root();
-    let (uid, gid) = if root {
-        (HOST_ID_FOR_ROOT, HOST_ID_FOR_ROOT)
-    } else {
-        (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw())
-    };
-    let maps = [
-        // setgroups must be denied before an unprivileged process may map
-        // its group; as root it is denied too, so nothing inside can drop a
-        // group to get around a group's denial.
-        ("setgroups", "deny".to_owned()),
-        ("uid_map", format!("{SANDBOX_UID} {uid} 1")),
-        ("gid_map", format!("{SANDBOX_GID} {gid} 1")),
-    ];
-    if root {
-        return enter_new_mapped_from_outside(&maps);
+/// [`SANDBOX_UID`] and [`SANDBOX_GID`] are the host ids `mapping` names.
+/// For [`IdMapping::Reserved`] the helper has already become those ids; for
+/// the others it keeps its own (and with them its access to the host's
+/// files, to clone the trees it binds) until [`become_sandbox_user`].
+pub fn enter_new(mapping: &IdMapping) -> Result<(), Failure> {
+    match mapping {
+        IdMapping::Caller | IdMapping::Reserved { .. } => {
+            // The helper's own ids, which the namespace's creator may map
+            // without privilege.
+            let (uid, gid) = (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw());
+            unshare()?;
+            let maps = [
+                // setgroups must be denied before an unprivileged process may
+                // map its group; and so nothing inside can drop a group to get
+                // around a group's denial.
+                ("setgroups", "deny".to_owned()),
+                ("uid_map", format!("{SANDBOX_UID} {uid} 1")),
+                ("gid_map", format!("{SANDBOX_GID} {gid} 1")),
+            ];
+            for (file, content) in &maps {
+                fs::write(format!("/proc/self/{file}"), content)
+                    .map_err(|e| Failure::new(STEP, format!("write {file}"), &e))?;
+            }
+            Ok(())
+        }
+        IdMapping::Subordinate { uid, gid, newuidmap, newgidmap } => {
+            let helper = rustix::process::getpid().as_raw_nonzero().get().to_string();
+            let uid_map =
+                [newuidmap.as_str(), &helper, &SANDBOX_UID.to_string(), &uid.to_string(), "1"].map(str::to_owned);
+            let gid_map =
+                [newgidmap.as_str(), &helper, &SANDBOX_GID.to_string(), &gid.to_string(), "1"].map(str::to_owned);
+            enter_new_mapped_from_outside(&[uid_map.to_vec(), gid_map.to_vec()])
+        }
     }
-    unshare()?;
-    for (file, content) in &maps {
-        fs::write(format!("/proc/self/{file}"), content)
-            .map_err(|e| Failure::new(STEP, format!("write {file}"), &e))?;
-    }
-    Ok(())
 }
 
 const STEP: &str = "create the user namespace";
@@ -110,9 +119,10 @@ fn unshare() -> Result<(), Failure> {
     })
 }
 
-/// As root: forks a child that stays in the host's user namespace, unshares,
-/// and has the child write the maps into this process's namespace.
-fn enter_new_mapped_from_outside(maps: &[(&str, String)]) -> Result<(), Failure> {
+/// Forks a child that stays in this user namespace, unshares, and has the
+/// child run the setuid map tools (`commands`) on this process: they act
+/// only from outside the namespace.
+fn enter_new_mapped_from_outside(commands: &[Vec<String>]) -> Result<(), Failure> {
     let pipe =
         || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| Failure::new(STEP, "pipe", &e.into()));
     let (go_read, go_write) = pipe()?;
@@ -122,19 +132,13 @@ fn enter_new_mapped_from_outside(maps: &[(&str, String)]) -> Result<(), Failure>
     match unsafe { sys::fork() }.map_err(|e| Failure::new(STEP, "fork the map writer", &e))? {
         Forked::Child => {
             drop((go_write, said_read));
-            // The helper's /proc entry, opened while it is surely our parent:
-            // if it died and its pid were reused, writes through this
-            // descriptor fail instead of reaching another process.
-            let helper_dir = rustix::fs::open(
-                format!("/proc/{helper}"),
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            );
-            let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
-            // One byte: the helper has unshared. End of file: it gave up.
+            // One byte: the helper has unshared. End of file: it gave up. The
+            // helper waits for this child, so its pid cannot be reused
+            // while the tools run.
             let mut go = [0u8; 1];
-            let code = match (helper_dir, rustix::io::read(&go_read, &mut go)) {
-                (Ok(dir), Ok(1)) if parent == Some(helper) => write_maps(dir.as_fd(), maps, said_write.as_fd()),
+            let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+            let code = match rustix::io::read(&go_read, &mut go) {
+                Ok(1) if parent == Some(helper) => run_map_tools(commands, said_write.as_fd()),
                 _ => 1,
             };
             // SAFETY: _exit ends this forked copy without running anything
@@ -159,40 +163,54 @@ fn enter_new_mapped_from_outside(maps: &[(&str, String)]) -> Result<(), Failure>
                 if said.is_empty() {
                     said = "the map writer ended without writing them".to_owned();
                 }
-                return Err(Failure::plain(
-                    STEP,
-                    format!("map the sandbox's user to host uid {HOST_ID_FOR_ROOT}: {said}"),
-                ));
+                return Err(Failure::plain(STEP, format!("map the sandbox's user to its subordinate ids: {said}")));
             }
             Ok(())
         }
     }
 }
 
-/// The map writer's work, in the forked child: returns its exit code and
-/// explains a failure on `said`.
-fn write_maps(helper_dir: BorrowedFd<'_>, maps: &[(&str, String)], said: BorrowedFd<'_>) -> i32 {
-    for (file, content) in maps {
-        let written = rustix::fs::openat(
-            helper_dir,
-            *file,
-            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .and_then(|fd| rustix::io::write(&fd, content.as_bytes()));
-        if let Err(e) = written {
-            let _ = rustix::io::write(said, format!("write {file}: {e}").as_bytes());
-            return 1;
-        }
+/// The map writer's work, in the forked child: runs each tool, and explains
+/// a failure on `said`. Returns its exit code.
+fn run_map_tools(commands: &[Vec<String>], said: std::os::fd::BorrowedFd<'_>) -> i32 {
+    for command in commands {
+        let Some((program, args)) = command.split_first() else { continue };
+        let output = Command::new(program).args(args).env_clear().stdin(Stdio::null()).output();
+        let problem = match output {
+            Ok(out) if out.status.success() => continue,
+            Ok(out) => format!("{} failed: {}", command.join(" "), String::from_utf8_lossy(&out.stderr).trim()),
+            Err(e) => format!("{program}: {e}"),
+        };
+        let _ = rustix::io::write(said, problem.as_bytes());
+        return 1;
     }
     0
 }
 
+/// Child side, as root at setup, once the root is built: becomes the
+/// sandbox's host ids for good. Nothing of root remains: no capability, no
+/// supplementary group (dropped before).
+pub fn become_host_ids(uid: u32, gid: u32) -> Result<(), Failure> {
+    let step = "become the sandbox's host user";
+    let g = rustix::process::Gid::from_raw(gid);
+    rustix::thread::set_thread_res_gid(g, g, g).map_err(|e| Failure::new(step, "setresgid", &e.into()))?;
+    let u = rustix::process::Uid::from_raw(uid);
+    rustix::thread::set_thread_res_uid(u, u, u).map_err(|e| Failure::new(step, "setresuid", &e.into()))?;
+    // Leaving root made this process undumpable, which gives its /proc files
+    // to root: it could not write its own uid_map. No other process of this
+    // id exists to take advantage (the id is this sandbox's alone), and the
+    // sandbox's init makes itself undumpable again at each run.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+        .map_err(|e| Failure::new(step, "PR_SET_DUMPABLE", &e.into()))
+}
+
 /// Child side, in the namespace: becomes [`SANDBOX_UID`] and
 /// [`SANDBOX_GID`], keeping this process's capabilities in the namespace.
-/// For an ordinary caller this changes nothing (its ids are the ones mapped);
-/// for root it leaves host uid 0, which is not mapped here, so that every
-/// file the sandbox makes from now on belongs to the sandbox's user.
+/// For a helper whose ids are the ones mapped this changes nothing; for root
+/// (at each run) and for an ordinary user with subordinate ids it leaves an
+/// id the namespace does not map, so that every file the sandbox makes from
+/// now on belongs to the sandbox's user. Where the namespace allows it
+/// (subordinate ids), the supplementary groups go too.
 ///
 /// The capabilities stay because the kernel clears them only when a uid
 /// changes away from the namespace's uid 0, and uid 0 is never mapped.
@@ -201,53 +219,32 @@ fn write_maps(helper_dir: BorrowedFd<'_>, maps: &[(&str, String)], said: Borrowe
 pub fn become_sandbox_user() -> Result<(), Failure> {
     let step = "become the sandbox's user";
     let gid = rustix::process::Gid::from_raw(SANDBOX_GID);
+    if fs::read_to_string("/proc/self/setgroups").is_ok_and(|s| s.trim() == "allow") {
+        rustix::thread::set_thread_groups(&[gid]).map_err(|e| Failure::new(step, "setgroups", &e.into()))?;
+    }
     rustix::thread::set_thread_res_gid(gid, gid, gid).map_err(|e| Failure::new(step, "setresgid", &e.into()))?;
     let uid = rustix::process::Uid::from_raw(SANDBOX_UID);
     rustix::thread::set_thread_res_uid(uid, uid, uid).map_err(|e| Failure::new(step, "setresuid", &e.into()))
 }
 
-/// Supervisor side: while the returned guard lives, this thread creates
-/// files as the sandbox's host user, so what it copies in belongs to the
-/// code. Only root needs it: root's uid is not mapped in the sandbox, and
-/// the kernel refuses to create a file whose owner the namespace cannot name.
-/// Only this thread's filesystem ids change (not the process's, which a
-/// server shares between threads), and the guard puts them back.
-pub fn files_as_sandbox_user() -> std::io::Result<FsIdentity> {
-    if !rustix::process::geteuid().is_root() {
-        return Ok(FsIdentity { restore: None });
-    }
-    let previous = sys::set_thread_fs_ids(HOST_ID_FOR_ROOT, HOST_ID_FOR_ROOT)?;
-    Ok(FsIdentity { restore: Some(previous) })
-}
-
-/// See [`files_as_sandbox_user`].
-#[must_use]
-pub struct FsIdentity {
-    restore: Option<(u32, u32)>,
-}
-
-impl Drop for FsIdentity {
-    fn drop(&mut self) {
-        if let Some((uid, gid)) = self.restore {
-            // Back to root's ids, which root may always take.
-            let _ = sys::set_thread_fs_ids(uid, gid);
-        }
-    }
-}
-
 /// Child side, per run: joins the sandbox's user namespace, then its mount
 /// namespace (in that order: the second needs the first's capabilities).
 pub fn join(user: &OwnedFd, mnt: &OwnedFd) -> Result<(), Failure> {
-    let step = "join the sandbox's namespaces";
-    move_into_link_name_space(user.as_fd(), Some(LinkNameSpaceType::User))
-        .map_err(|e| Failure::new(step, "user", &e.into()))?;
+    join_user(user)?;
     move_into_link_name_space(mnt.as_fd(), Some(LinkNameSpaceType::Mount))
-        .map_err(|e| Failure::new(step, "mount", &e.into()))
+        .map_err(|e| Failure::new("join the sandbox's namespaces", "mount", &e.into()))
+}
+
+/// Child side: joins the sandbox's user namespace only.
+pub fn join_user(user: &OwnedFd) -> Result<(), Failure> {
+    move_into_link_name_space(user.as_fd(), Some(LinkNameSpaceType::User))
+        .map_err(|e| Failure::new("join the sandbox's namespaces", "user", &e.into()))
 }
 
 /// Child side: as root, drops the supplementary groups this process would
 /// otherwise keep for permission checks even inside the namespace. An
-/// ordinary user cannot, and keeps only groups it already had.
+/// ordinary user cannot here, and keeps only groups it already had (until
+/// [`become_sandbox_user`], where the namespace allows it).
 pub fn drop_supplementary_groups() -> Result<(), Failure> {
     if rustix::process::geteuid().is_root() {
         rustix::thread::set_thread_groups(&[]).map_err(|e| Failure::new("drop supplementary groups", "", &e.into()))?;

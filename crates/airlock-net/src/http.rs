@@ -87,6 +87,12 @@ pub fn read_head(stream: &TcpStream, deadline: Instant) -> Result<(RequestHead, 
 
 /// The head in `buffer` with the bytes after it, or `None` if it is not all there yet.
 fn parse_head(buffer: &[u8]) -> Result<Option<(RequestHead, Vec<u8>)>, HeadError> {
+    Ok(split_head(buffer)?.map(|(head, length)| (head, buffer[length..].to_vec())))
+}
+
+/// The head at the start of `buffer` and its length in bytes, or `None` if
+/// it is not all there yet.
+pub fn split_head(buffer: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut fields);
     match request.parse(buffer) {
@@ -98,7 +104,7 @@ fn parse_head(buffer: &[u8]) -> Result<Option<(RequestHead, Vec<u8>)>, HeadError
                 version: request.version.unwrap_or(1),
                 headers: request.headers.iter().map(|h| (h.name.to_owned(), h.value.to_vec())).collect(),
             };
-            Ok(Some((head, buffer[length..].to_vec())))
+            Ok(Some((head, length)))
         }
         Err(httparse::Error::TooManyHeaders) => Err(HeadError::TooLarge),
         Err(e) => Err(HeadError::Malformed(e)),

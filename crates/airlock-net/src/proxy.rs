@@ -22,7 +22,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use crate::config::{ProxyConfig, Refusal};
 use crate::error::NetError;
 use crate::host::{HostError, RequestHost, parse_absolute_url, parse_authority, parse_host, split_port};
-use crate::http::{BodyFraming, RequestHead, read_head};
+use crate::http::{BodyFraming, MAX_HEAD_BYTES, RequestHead, read_head, split_head};
 use crate::tls::{HelloScan, MAX_CLIENT_HELLO, scan_client_hello};
 
 /// Bytes moved per read while relaying. Larger buffers measured no faster on
@@ -499,7 +499,17 @@ fn serve(run: &Run, connection: &Connection, client: &TcpStream) {
     run.untrack(connection.id);
 }
 
-/// CONNECT host:port: check, dial, answer 200, check the ClientHello, relay.
+/// CONNECT host:port: check, dial, answer 200, check what the tunnel
+/// carries, relay.
+///
+/// A tunnel carries TLS to the host it was opened to, or, on a port where
+/// plaintext is allowed ([`plaintext_allowed`]), HTTP for that host: without
+/// that check, a tunnel to an allowed host:port could carry requests for any
+/// other site the server behind it answers for (a shared front end, a
+/// forward proxy) in plain text. So the first bytes must be a TLS
+/// ClientHello whose server name is the CONNECT host, or HTTP/1 requests
+/// each of which names it; anything else is refused, the tunnel closed, and
+/// the connection recorded as refused with the reason.
 fn tunnel(
     run: &Run,
     connection: &Connection,
@@ -524,26 +534,47 @@ fn tunnel(
     run.track(connection.id, &upstream)?;
     let mut reply = client;
     reply.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").map_err(|_| Stop::Ended)?;
-    relay_both(run, connection, client, &upstream, || match check_client_hello(run, client, early, &host) {
-        Ok(Some(first)) => match forward_bytes(run, connection, &upstream, &first, Direction::Out) {
+    relay_both(run, connection, client, &upstream, || match tunnel_opening(run, client, early, &host, port) {
+        Ok(Opening::Tls(first)) => match forward_bytes(run, connection, &upstream, &first, Direction::Out) {
             Ok(()) => relay(run, connection, client, &upstream, Direction::Out, None),
             Err(end) => end,
         },
+        Ok(Opening::Http(first)) => relay_http_requests(run, connection, client, &upstream, first, &host, port),
         // The client closed before sending anything through the tunnel.
-        Ok(None) => RelayEnd::Eof,
+        Ok(Opening::Closed) => RelayEnd::Eof,
         Err(reason) => RelayEnd::Refused(reason),
     })
 }
 
-/// Reads what the client sends first through a tunnel and refuses a TLS
-/// ClientHello that names a host other than the CONNECT target. Returns the
-/// bytes read, to be sent on, or `None` if the client closed first.
-fn check_client_hello(
+/// How a tunnel begins.
+enum Opening {
+    /// A whole ClientHello for the tunnel's host: the bytes read so far.
+    Tls(Vec<u8>),
+    /// Not TLS, on a port that allows plaintext: the bytes read so far, to be
+    /// read as HTTP requests.
+    Http(Vec<u8>),
+    /// The client closed before sending anything.
+    Closed,
+}
+
+/// Whether a tunnel to `port` may carry plaintext HTTP. 443 is HTTPS's port:
+/// a client that tunnels there and then speaks plaintext is not fetching a
+/// web page. Elsewhere (80, a service's own port) HTTP may go in the clear,
+/// each request checked.
+pub fn plaintext_allowed(port: u16) -> bool {
+    port != 443
+}
+
+/// Reads what the client sends first through a tunnel: a TLS ClientHello
+/// naming the tunnel's host, or (where the port allows plaintext) the start
+/// of something else, to be read as HTTP. Returns why not, otherwise.
+fn tunnel_opening(
     run: &Run,
     client: &TcpStream,
     mut data: Vec<u8>,
     host: &RequestHost,
-) -> Result<Option<Vec<u8>>, String> {
+    port: u16,
+) -> Result<Opening, String> {
     let mut reader = client;
     // The first byte may take as long as the client likes (a protocol where
     // the server speaks first); a ClientHello, once begun, must be quick.
@@ -551,10 +582,23 @@ fn check_client_hello(
     let mut chunk = [0u8; 16 * 1024];
     loop {
         match scan_client_hello(&data) {
-            HelloScan::NotTls | HelloScan::Hello { server_name: None } => break,
+            HelloScan::NotTls if plaintext_allowed(port) => return Ok(Opening::Http(data)),
+            HelloScan::NotTls => {
+                return Err(format!(
+                    "the tunnel to {host}:{port} does not begin with a TLS ClientHello, and port {port} carries TLS only"
+                ));
+            }
+            // An IP literal is never a server name (RFC 6066): a client
+            // tunnelling to an address sends none.
+            HelloScan::Hello { server_name: None } if matches!(host, RequestHost::Ip(_)) => {
+                return Ok(Opening::Tls(data));
+            }
+            HelloScan::Hello { server_name: None } => {
+                return Err(format!("the TLS ClientHello names no server, and the tunnel is for {host} only"));
+            }
             HelloScan::Hello { server_name: Some(name) } => {
                 if parse_host(&name).as_ref() == Ok(host) {
-                    break;
+                    return Ok(Opening::Tls(data));
                 }
                 return Err(format!("the TLS server name {name:?} differs from the CONNECT host {host}"));
             }
@@ -567,31 +611,151 @@ fn check_client_hello(
         if !data.is_empty() && deadline.is_none() {
             deadline = Some(Instant::now() + run.config.head_timeout);
         }
-        let timeout = match deadline {
-            None => None,
-            Some(deadline) => match deadline.saturating_duration_since(Instant::now()) {
-                left if left.is_zero() => {
-                    return Err("no whole TLS ClientHello arrived in time".into());
-                }
-                left => Some(left),
-            },
-        };
-        let _ = client.set_read_timeout(timeout);
-        match reader.read(&mut chunk) {
-            Ok(0) if data.is_empty() => return Ok(None),
-            Ok(0) => {
-                return Err("the client closed the tunnel in the middle of a TLS ClientHello".into());
-            }
+        match read_some(client, &mut reader, &mut chunk, deadline) {
+            Ok(0) if data.is_empty() => return Ok(Opening::Closed),
+            Ok(0) => return Err("the client closed the tunnel in the middle of a TLS ClientHello".into()),
             Ok(n) => data.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 return Err("no whole TLS ClientHello arrived in time".into());
             }
             Err(e) => return Err(format!("reading the TLS ClientHello: {e}")),
         }
     }
-    let _ = client.set_read_timeout(None);
-    Ok(Some(data))
+}
+
+/// One read from the client, by `deadline` if there is one; interrupted
+/// reads are retried.
+fn read_some(
+    client: &TcpStream,
+    reader: &mut &TcpStream,
+    buffer: &mut [u8],
+    deadline: Option<Instant>,
+) -> io::Result<usize> {
+    loop {
+        let timeout = match deadline {
+            None => None,
+            Some(deadline) => match deadline.saturating_duration_since(Instant::now()) {
+                left if left.is_zero() => return Err(io::ErrorKind::TimedOut.into()),
+                left => Some(left),
+            },
+        };
+        client.set_read_timeout(timeout)?;
+        match reader.read(buffer) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => {
+                let _ = client.set_read_timeout(None);
+                return other;
+            }
+        }
+    }
+}
+
+/// Relays plaintext HTTP/1 through a tunnel, request by request: each head
+/// is read whole and must name the tunnel's host, then exactly its body
+/// goes on, then the next head. Heads go upstream as the client sent them;
+/// the answers come back untouched on the other thread. The first request
+/// that names another host, leaves HTTP (an Upgrade, a CONNECT) or cannot
+/// be read ends the tunnel, refused.
+fn relay_http_requests(
+    run: &Run,
+    connection: &Connection,
+    client: &TcpStream,
+    upstream: &TcpStream,
+    mut pending: Vec<u8>,
+    host: &RequestHost,
+    port: u16,
+) -> RelayEnd {
+    let mut reader = client;
+    let mut chunk = vec![0u8; RELAY_BUFFER];
+    loop {
+        // The head: as long as the client likes before its first byte
+        // (keep-alive), then quick.
+        let (head, length) = loop {
+            match split_head(&pending) {
+                Ok(Some(found)) => break found,
+                Ok(None) => {}
+                Err(e) => {
+                    return RelayEnd::Refused(format!(
+                        "the tunnel to {host}:{port} carries no HTTP the proxy can check: {e}"
+                    ));
+                }
+            }
+            if pending.len() >= MAX_HEAD_BYTES {
+                return RelayEnd::Refused(format!(
+                    "a request head in the tunnel is larger than {MAX_HEAD_BYTES} bytes"
+                ));
+            }
+            let deadline = (!pending.is_empty()).then(|| Instant::now() + run.config.head_timeout);
+            let room = chunk.len().min(MAX_HEAD_BYTES - pending.len());
+            match read_some(client, &mut reader, &mut chunk[..room], deadline) {
+                // The run ending closes every tunnel: not the client's doing.
+                Ok(0) if pending.is_empty() || run.stopping.load(Ordering::SeqCst) => return RelayEnd::Eof,
+                Ok(0) => return RelayEnd::Refused("the client closed the tunnel in the middle of a request".into()),
+                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return RelayEnd::Refused("no whole request head arrived in time through the tunnel".into());
+                }
+                Err(e) => return RelayEnd::Error(e),
+            }
+        };
+        if let Err(reason) = check_tunnelled_request(&head, host, port) {
+            return RelayEnd::Refused(reason);
+        }
+        let mut framing = match BodyFraming::of(&head) {
+            Ok(framing) => framing,
+            Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
+        };
+        if let Err(end) = forward_bytes(run, connection, upstream, &pending[..length], Direction::Out) {
+            return end;
+        }
+        pending.drain(..length);
+        // The body: exactly what its framing says, from what is buffered, then the stream.
+        loop {
+            let taken = match framing.advance(&pending) {
+                Ok(taken) => taken,
+                Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
+            };
+            if let Err(end) = forward_bytes(run, connection, upstream, &pending[..taken], Direction::Out) {
+                return end;
+            }
+            pending.drain(..taken);
+            if framing.is_done() {
+                break;
+            }
+            match read_some(client, &mut reader, &mut chunk, None) {
+                Ok(0) => return RelayEnd::Eof,
+                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+                Err(e) => return RelayEnd::Error(e),
+            }
+        }
+    }
+}
+
+/// Refuses a request in a plaintext tunnel that does not name the tunnel's
+/// host (its Host header, and its target if absolute) or that would leave
+/// HTTP/1, where the proxy could no longer check what passes.
+fn check_tunnelled_request(head: &RequestHead, host: &RequestHost, port: u16) -> Result<(), String> {
+    if head.method.eq_ignore_ascii_case("CONNECT") {
+        return Err(format!("a CONNECT inside the tunnel to {host}:{port}"));
+    }
+    if head.values("upgrade").next().is_some() {
+        return Err(format!("an Upgrade inside the tunnel to {host}:{port}: the proxy checks HTTP/1 only"));
+    }
+    if head.target.contains("://") {
+        let url = parse_absolute_url(&head.target).map_err(|e| format!("request target: {e}"))?;
+        if url.host != *host || url.port != port {
+            return Err(format!("a request in the tunnel to {host}:{port} is for {:?}", head.target));
+        }
+    }
+    // Without a port, the Host header means HTTP's default port.
+    match check_host_header(head, host, port, Some(80), &format!("{host}:{port}")) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!("a request in the tunnel to {host}:{port} names no host (it has no Host header)")),
+        Err(Stop::Denied { reason, .. }) | Err(Stop::Failed(reason)) => {
+            Err(format!("a request in the tunnel to {host}:{port}: {reason}"))
+        }
+        Err(Stop::Ended) => Err("the run is stopping".into()),
+    }
 }
 
 /// GET http://host/path: check, dial, send the request in origin form with
@@ -937,4 +1101,17 @@ fn clip(text: &str) -> String {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_https_s_port_refuses_plaintext_tunnels() {
+        assert!(!plaintext_allowed(443));
+        for port in [80, 8080, 8443, 5000] {
+            assert!(plaintext_allowed(port), "{port}");
+        }
+    }
 }

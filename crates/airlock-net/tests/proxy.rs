@@ -114,7 +114,7 @@ fn ipv6_literals_and_names_follow_the_same_rules() {
     assert!(answer.ends_with("hello from /v6"), "{answer}");
     let (mut tunnel, head) = connect(addr, &format!("six.test:{port}"), "");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    tunnel.write_all(format!("GET /tunnel HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).unwrap();
+    tunnel.write_all(format!("GET /tunnel HTTP/1.1\r\nHost: six.test:{port}\r\n\r\n").as_bytes()).unwrap();
     let mut answer = String::new();
     let _ = tunnel.read_to_string(&mut answer);
     assert!(answer.ends_with("hello from /tunnel"), "{answer}");
@@ -492,7 +492,8 @@ fn finish_returns_promptly_with_idle_clients_and_open_tunnels() {
     let idle = TcpStream::connect(addr).unwrap();
     let (mut tunnel, head) = connect(addr, &format!("127.0.0.1:{port}"), "");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    // Half a request through the tunnel: the server waits for the rest.
+    // Half a request through the tunnel: the proxy waits for the rest of its
+    // head before it checks and passes it on.
     tunnel.write_all(b"GET / HTTP/1.1\r\n").unwrap();
     std::thread::sleep(Duration::from_millis(100));
 
@@ -505,7 +506,7 @@ fn finish_returns_promptly_with_idle_clients_and_open_tunnels() {
         assert_eq!(event.reason.as_deref(), Some("closed when the run ended"), "{event:?}");
     }
     assert_eq!(events[1].verdict, NetworkVerdict::Allowed);
-    assert_eq!(events[1].bytes_out, 16);
+    assert_eq!(events[1].bytes_out, 0);
     // Both client connections are closed.
     let mut buffer = [0u8; 16];
     tunnel.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -524,4 +525,80 @@ fn a_socket_that_is_not_listening_is_refused_with_a_reason() {
         Err(NetError::Listener(e)) => assert!(e.to_string().contains("not listening"), "{e}"),
         other => panic!("expected a listener error, got {other:?}"),
     }
+}
+
+#[test]
+fn plaintext_through_a_tunnel_must_name_the_tunnel_s_host_in_every_request() {
+    let server = Server::http();
+    let port = server.port();
+    let resolver = Arc::new(StaticResolver::new().with("service.test", &[loopback()]));
+    // The name resolves to loopback, which only an exact IP rule opens.
+    let rules = [format!("service.test:{port}"), format!("127.0.0.1:{port}")];
+    let (proxy, addr) = start_proxy(&rules, resolver, Caps::default());
+    let tunnel_to = |request: &str| {
+        let (mut tunnel, head) = connect(addr, &format!("service.test:{port}"), "");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let _ = tunnel.write_all(request.replace("PORT", &port.to_string()).as_bytes());
+        let mut answer = String::new();
+        let _ = tunnel.read_to_string(&mut answer);
+        answer
+    };
+    // A request that names the tunnel's host goes through...
+    let answer = tunnel_to("GET /mine HTTP/1.1\r\nHost: service.test:PORT\r\n\r\n");
+    assert!(answer.ends_with("hello from /mine"), "{answer}");
+    // ...and every way of naming another site, or of leaving HTTP, does not.
+    let refused = [
+        ("GET /other-host HTTP/1.1\r\nHost: other.test\r\n\r\n", "other.test"),
+        ("GET http://other.test/absolute HTTP/1.1\r\nHost: service.test:PORT\r\n\r\n", "other.test"),
+        ("GET /no-host HTTP/1.0\r\n\r\n", "no Host header"),
+        ("GET /default-port HTTP/1.1\r\nHost: service.test\r\n\r\n", "differs"),
+        ("CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\n", "CONNECT inside"),
+        ("GET /ws HTTP/1.1\r\nHost: service.test:PORT\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n", "Upgrade"),
+        ("SSH-2.0-OpenSSH_9.2p1\r\n", "no HTTP"),
+    ];
+    for (request, _) in &refused {
+        let answer = tunnel_to(request);
+        assert!(!answer.contains("hello from"), "{request:?}: {answer}");
+    }
+    // A good request, then a bad one pipelined behind it: the first only
+    // reaches the server, and the tunnel closes at the second (perhaps
+    // before the first's answer is back).
+    tunnel_to("GET /first HTTP/1.1\r\nHost: service.test:PORT\r\n\r\nGET /second HTTP/1.1\r\nHost: other.test\r\n\r\n");
+
+    server.settle(2 + refused.len());
+    let lines: Vec<String> = server.requests().iter().map(|r| r.head.lines().next().unwrap_or("").to_owned()).collect();
+    assert_eq!(lines, ["GET /mine HTTP/1.1", "GET /first HTTP/1.1"], "nothing else reached the server");
+    assert!(server.requests().iter().all(|r| r.after.is_empty()), "nothing smuggled behind a good request");
+    let events = proxy.finish().record.connections;
+    assert_eq!(events.len(), 2 + refused.len());
+    assert_eq!(events[0].verdict, NetworkVerdict::Allowed, "{:?}", events[0]);
+    for (event, (request, reason)) in events[1..].iter().zip(&refused) {
+        assert_eq!(event.verdict, NetworkVerdict::Denied, "{request:?}: {event:?}");
+        assert_eq!(event.bytes_out, 0, "{request:?}: {event:?}");
+        let recorded = event.reason.as_deref().unwrap_or_default();
+        assert!(recorded.contains(reason), "{request:?}: {recorded}");
+    }
+    let pipelined = events.last().unwrap();
+    assert_eq!(pipelined.verdict, NetworkVerdict::Denied, "{pipelined:?}");
+    assert!(pipelined.reason.as_deref().unwrap_or_default().contains("other.test"), "{pipelined:?}");
+}
+
+#[test]
+fn a_tls_tunnel_to_a_name_must_name_it() {
+    let ca = TestCa::new();
+    let server = Server::https(&ca);
+    let port = server.port();
+    let resolver = Arc::new(StaticResolver::new().with("service.test", &[loopback()]));
+    let rules = [format!("service.test:{port}"), format!("127.0.0.1:{port}")];
+    let (proxy, addr) = start_proxy(&rules, resolver, Caps::default());
+    // A client talking to an address sends no server name: through a tunnel
+    // opened for a name, that hides which site it asks the server for.
+    let (tunnel, head) = connect(addr, &format!("service.test:{port}"), "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(https_get(tunnel, ca.client_config(), "127.0.0.1", "/nameless").is_err());
+    server.settle(1);
+    assert_eq!(server.log.lock().unwrap().bytes, 0);
+    let events = proxy.finish().record.connections;
+    assert_eq!(events[0].verdict, NetworkVerdict::Denied, "{events:?}");
+    assert!(events[0].reason.as_deref().unwrap_or_default().contains("names no server"), "{events:?}");
 }

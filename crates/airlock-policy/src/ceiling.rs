@@ -9,7 +9,8 @@ use crate::spec::PolicySpec;
 impl PolicySpec {
     /// Checks that every field this spec sets stays within `ceiling`, the
     /// most an operator allows: limits no higher, hosts only among the
-    /// ceiling's, no isolation layer lowered that the ceiling keeps, the
+    /// ceiling's, extra packages only among the ceiling's, no isolation
+    /// layer lowered that the ceiling keeps, the
     /// same backend, and no `truncate` where the ceiling says `kill`. The
     /// error names the first field that is out of bounds.
     ///
@@ -65,6 +66,22 @@ impl PolicySpec {
                 message: format!("{backend:?} is not the backend the operator runs ({})", ceiling.backend),
             });
         }
+        for package in self.with_packages.iter().flatten() {
+            if !ceiling.with_packages.contains(package.trim()) {
+                let allowed: Vec<&str> = ceiling.with_packages.iter().map(String::as_str).collect();
+                return Err(PolicyError::NotAllowed {
+                    field: "with_packages",
+                    message: if allowed.is_empty() {
+                        format!("{package:?} is not allowed: the operator allows no extra packages")
+                    } else {
+                        format!(
+                            "{package:?} is not among the extra packages the operator allows ({})",
+                            allowed.join(", ")
+                        )
+                    },
+                });
+            }
+        }
         for name in self.allow_degraded.iter().flatten() {
             if !ceiling.allow_degraded.iter().any(|layer| layer.name() == name) {
                 return Err(PolicyError::NotAllowed {
@@ -116,6 +133,7 @@ mod tests {
             allow_hosts: Some(vec!["*.example.org".into(), "pypi.org:443".into()]),
             allow_degraded: Some(vec!["landlock".into()]),
             on_output_limit: Some(OutputOverflow::Kill),
+            with_packages: Some(vec!["statsmodels".into()]),
             ..PolicySpec::default()
         };
         Policy::from_spec(&spec, &host()).unwrap()
@@ -134,6 +152,7 @@ mod tests {
             allow_hosts: Some(vec!["files.example.org".into(), "pypi.org:443".into()]),
             allow_degraded: Some(vec!["landlock".into()]),
             backend: Some("linux".into()),
+            with_packages: Some(vec!["statsmodels".into()]),
             ..PolicySpec::default()
         };
         spec.check_within(&ceiling()).unwrap();
@@ -166,6 +185,7 @@ mod tests {
             (PolicySpec { allow_hosts: Some(vec!["http://x".into()]), ..Default::default() }, "allow_hosts"),
             (PolicySpec { backend: Some("wasm".into()), ..Default::default() }, "backend"),
             (PolicySpec { allow_degraded: Some(vec!["cgroups".into()]), ..Default::default() }, "allow_degraded"),
+            (PolicySpec { with_packages: Some(vec!["torch".into()]), ..Default::default() }, "with_packages"),
         ];
         for (spec, field) in cases {
             let error = spec.check_within(&ceiling()).unwrap_err();

@@ -17,13 +17,15 @@ mod network;
 mod path;
 mod policy;
 mod record;
+pub mod schema;
 mod spec;
 
 pub use network::{DEFAULT_PORTS, HostPattern, HostRule, HostRuleError, normalize_name};
 pub use path::{SandboxPath, SandboxPathError, WORK_DIR};
 pub use policy::{BackendKind, HostFacts, Layer, Limits, NetworkPolicy, OutputOverflow, Policy, PolicyError};
 pub use record::{
-    ArtifactRecord, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Limit, NetworkEvent,
-    NetworkRecord, NetworkVerdict, RECORD_SCHEMA_VERSION, RunRecord, Status, Usage,
+    ArtifactRecord, DisplayResult, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Limit,
+    NetworkEvent, NetworkRecord, NetworkVerdict, RECORD_SCHEMA_VERSION, ResultKind, RunRecord, Status, Usage,
 };
+pub use schema::{SchemaViolation, validate};
 pub use spec::PolicySpec;

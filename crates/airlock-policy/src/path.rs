@@ -10,6 +10,9 @@ pub const WORK_DIR: &str = "/work";
 /// Longest path accepted, in bytes (the kernel's PATH_MAX less room for /work).
 const MAX_PATH_BYTES: usize = 4000;
 
+/// Longest name of one file or folder, in bytes (the kernel's NAME_MAX).
+const MAX_NAME_BYTES: usize = 255;
+
 /// A path beneath `/work`, already checked: absolute under `/work` or
 /// relative to it, no `..`, no empty or `.` components, no NUL.
 ///
@@ -39,6 +42,8 @@ pub enum SandboxPathError {
     Nul(String),
     #[error("the path is longer than {MAX_PATH_BYTES} bytes")]
     TooLong,
+    #[error("a name in {0:?} is longer than {MAX_NAME_BYTES} bytes, the most a file name may have")]
+    NameTooLong(String),
 }
 
 impl SandboxPath {
@@ -68,6 +73,7 @@ impl SandboxPath {
             match part {
                 "" | "." => continue,
                 ".." => return Err(SandboxPathError::ParentComponent(text.to_owned())),
+                p if p.len() > MAX_NAME_BYTES => return Err(SandboxPathError::NameTooLong(text.to_owned())),
                 p => parts.push(p),
             }
         }

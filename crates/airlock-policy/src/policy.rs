@@ -15,8 +15,22 @@ pub(crate) const MIB: u64 = 1024 * 1024;
 /// tool is for, and a typo of `86400` for `8640` should not hold a slot for days.
 pub const MAX_WALL_TIME: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// [`MAX_WALL_TIME`] in the seconds a spec is written in.
+pub const MAX_WALL_TIME_S: f64 = 24.0 * 60.0 * 60.0;
+
 /// The smallest memory limit accepted: CPython alone needs about this much to start.
 pub const MIN_MEMORY_BYTES: u64 = 16 * MIB;
+
+/// The same, in the MiB a spec is written in.
+pub const MIN_MEMORY_MB: u64 = MIN_MEMORY_BYTES / MIB;
+
+/// The shortest time limit accepted, in seconds: a millisecond. Below it a
+/// limit is a typo, and no run could even start.
+pub const MIN_SECONDS: f64 = 0.001;
+
+/// The least CPU bandwidth accepted: a cgroup's quota cannot be smaller
+/// than a hundredth of its period.
+pub const MIN_CPUS: f64 = 0.01;
 
 /// The smallest open-file limit accepted: an interpreter needs a handful of
 /// descriptors before the code runs at all.
@@ -47,7 +61,7 @@ impl fmt::Display for BackendKind {
 }
 
 /// What to do when a run writes more than `max_output_bytes` to a stream.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputOverflow {
     /// Keep the first bytes, mark the stream truncated, discard the rest, and
@@ -60,7 +74,7 @@ pub enum OutputOverflow {
 
 /// An isolation layer. A backend lists the layers it put in force in every
 /// record; a policy may name layers it accepts to run without.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Layer {
     UserNamespace,
@@ -223,6 +237,9 @@ pub struct Policy {
     /// Isolation layers the caller accepts to run without, where the host
     /// cannot provide them. Empty by default: a missing layer is an error.
     pub allow_degraded: BTreeSet<Layer>,
+    /// Extra packages from the image's vetted set, as named (see
+    /// [`PolicySpec::with_packages`]). Empty by default.
+    pub with_packages: BTreeSet<String>,
 }
 
 impl Default for Policy {
@@ -238,6 +255,7 @@ impl Default for Policy {
             },
             backend: BackendKind::Linux,
             allow_degraded: BTreeSet::new(),
+            with_packages: BTreeSet::new(),
         }
     }
 }
@@ -259,7 +277,7 @@ pub struct HostFacts {
 /// A policy value that cannot be used, naming the field and the fix.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PolicyError {
-    #[error("{field} must be a finite number of seconds greater than 0 (got {value}); pass e.g. {field}=20")]
+    #[error("{field} must be a number of seconds of at least 0.001 (got {value}); pass e.g. {field}=20")]
     BadDuration { field: &'static str, value: f64 },
     #[error("{field} is {value} s, above the most allowed ({max} s); ask for less time")]
     DurationTooLong { field: &'static str, value: f64, max: u64 },
@@ -267,7 +285,7 @@ pub enum PolicyError {
     TooSmall { field: &'static str, value: u64, min: u64, hint: &'static str },
     #[error("{field} is {value}, above what this host has ({max}); ask for at most {max}")]
     AboveHost { field: &'static str, value: u64, max: u64 },
-    #[error("cpus must be a finite number greater than 0 and at most the host's {max} (got {value})")]
+    #[error("cpus must be a number from 0.01 to the host's {max} (got {value})")]
     BadCpus { value: f64, max: u32 },
     #[error("env key {key:?} is not a valid variable name: use letters, digits and '_', not starting with a digit")]
     BadEnvKey { key: String },
@@ -284,8 +302,6 @@ pub enum PolicyError {
     LayerNotDegradable { layer: Layer },
     #[error("backend {name:?} is unknown; use \"linux\" or \"wasm\"")]
     UnknownBackend { name: String },
-    #[error("{field} must be at least 1 when network hosts are allowed")]
-    ZeroNetworkCap { field: &'static str },
     #[error("{field}: {message}")]
     Invalid { field: &'static str, message: String },
     /// A request asked for more than the operator allows.
@@ -304,7 +320,6 @@ impl PolicyError {
             | PolicyError::DurationTooLong { field, .. }
             | PolicyError::TooSmall { field, .. }
             | PolicyError::AboveHost { field, .. }
-            | PolicyError::ZeroNetworkCap { field }
             | PolicyError::Invalid { field, .. }
             | PolicyError::AboveCeiling { field, .. }
             | PolicyError::NotAllowed { field, .. } => field,
@@ -409,6 +424,9 @@ impl Policy {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        if let Some(packages) = &spec.with_packages {
+            policy.with_packages = packages.iter().map(|p| p.trim().to_owned()).collect();
+        }
         policy.check(host)?;
         Ok(policy)
     }
@@ -423,7 +441,7 @@ impl Policy {
         at_most("memory_mb", l.memory_bytes / MIB, host.memory_bytes / MIB)?;
         at_least("pids", l.pids.into(), 1, "the code itself is one process")?;
         at_most("pids", l.pids.into(), host.pid_max.into())?;
-        if !(l.cpus.is_finite() && l.cpus > 0.0 && l.cpus <= f64::from(host.cpus)) {
+        if !(l.cpus.is_finite() && l.cpus >= MIN_CPUS && l.cpus <= f64::from(host.cpus)) {
             return Err(PolicyError::BadCpus { value: l.cpus, max: host.cpus });
         }
         at_least("disk_mb", l.disk_bytes / MIB, 1, "the work directory needs room for its files")?;
@@ -437,18 +455,27 @@ impl Policy {
             "an interpreter needs a few descriptors to start",
         )?;
         at_most("open_files", l.open_files.into(), host.nr_open.into())?;
+        // A total below the per-file cap is simply the tighter of the two:
+        // every copy checks both.
         at_least("max_file_bytes", l.file_bytes, 1, "files of at least one byte must fit")?;
-        if l.files_total_bytes < l.file_bytes {
-            return Err(PolicyError::Invalid {
-                field: "max_files_total_bytes",
-                message: format!(
-                    "{} is below max_file_bytes ({}); the total must hold at least one file",
-                    l.files_total_bytes, l.file_bytes
-                ),
-            });
-        }
+        at_least("max_files_total_bytes", l.files_total_bytes, 1, "files of at least one byte must fit")?;
         if let Some(layer) = self.allow_degraded.iter().find(|l| !Layer::DEGRADABLE.contains(l)) {
             return Err(PolicyError::LayerNotDegradable { layer: *layer });
+        }
+        if self.with_packages.len() > MAX_WITH_PACKAGES {
+            return Err(PolicyError::Invalid {
+                field: "with_packages",
+                message: format!("{} packages asked for; at most {MAX_WITH_PACKAGES}", self.with_packages.len()),
+            });
+        }
+        if let Some(bad) = self.with_packages.iter().find(|p| !is_package_name(p)) {
+            return Err(PolicyError::Invalid {
+                field: "with_packages",
+                message: format!(
+                    "{bad:?} is not a package name: letters, digits, '.', '-' and '_', starting and ending with a \
+                     letter or digit (no version: the vetted set pins it)"
+                ),
+            });
         }
         for (key, value) in &self.env {
             if !is_env_key(key) {
@@ -458,17 +485,13 @@ impl Policy {
                 return Err(PolicyError::BadEnvValue { key: key.clone() });
             }
         }
-        if self.network.is_enabled() {
-            if self.network.max_connections == 0 {
-                return Err(PolicyError::ZeroNetworkCap { field: "max_connections" });
-            }
-            if self.network.max_bytes_in == 0 {
-                return Err(PolicyError::ZeroNetworkCap { field: "max_network_bytes_in" });
-            }
-            if self.network.max_bytes_out == 0 {
-                return Err(PolicyError::ZeroNetworkCap { field: "max_network_bytes_out" });
-            }
-        }
+        // A cap of 0 on the proxy says "no network", which an empty
+        // allow_hosts already says: refused, with or without hosts, so that
+        // every door (and the schema) states one rule.
+        let cap_hint = "leave allow_hosts empty for no network";
+        at_least("max_connections", self.network.max_connections.into(), 1, cap_hint)?;
+        at_least("max_network_bytes_in", self.network.max_bytes_in, 1, cap_hint)?;
+        at_least("max_network_bytes_out", self.network.max_bytes_out, 1, cap_hint)?;
         Ok(())
     }
 
@@ -496,12 +519,13 @@ impl Policy {
             max_connections: Some(self.network.max_connections),
             backend: Some(self.backend.to_string()),
             allow_degraded: Some(self.allow_degraded.iter().map(|l| l.name().to_owned()).collect()),
+            with_packages: Some(self.with_packages.iter().cloned().collect()),
         }
     }
 }
 
 fn duration(field: &'static str, seconds: f64) -> Result<Duration, PolicyError> {
-    if !seconds.is_finite() || seconds <= 0.0 {
+    if !seconds.is_finite() || seconds < MIN_SECONDS {
         return Err(PolicyError::BadDuration { field, value: seconds });
     }
     if seconds > MAX_WALL_TIME.as_secs_f64() {
@@ -526,6 +550,18 @@ fn at_most(field: &'static str, value: u64, max: u64) -> Result<(), PolicyError>
         return Err(PolicyError::AboveHost { field, value, max });
     }
     Ok(())
+}
+
+/// The most extra packages one run may ask for.
+pub const MAX_WITH_PACKAGES: usize = 32;
+
+/// A distribution name as PEP 508 allows it.
+fn is_package_name(name: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    name.len() <= 100
+        && alnum(name.chars().next())
+        && alnum(name.chars().last())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
 }
 
 fn is_env_key(key: &str) -> bool {
@@ -576,6 +612,8 @@ mod tests {
             (PolicySpec { allow_degraded: Some(vec!["seccomp".into()]), ..Default::default() }, "seccomp"),
             (PolicySpec { allow_degraded: Some(vec!["bogus".into()]), ..Default::default() }, "bogus"),
             (PolicySpec { backend: Some("vm".into()), ..Default::default() }, "vm"),
+            (PolicySpec { with_packages: Some(vec!["numpy==2.0".into()]), ..Default::default() }, "with_packages"),
+            (PolicySpec { with_packages: Some(vec!["../x".into()]), ..Default::default() }, "with_packages"),
         ];
         for (spec, needle) in cases {
             let err = Policy::from_spec(&spec, &host()).unwrap_err().to_string();
@@ -598,6 +636,7 @@ mod tests {
             memory_mb: Some(128),
             allow_hosts: Some(vec!["example.com".into(), "*.example.org:443".into()]),
             allow_degraded: Some(vec!["landlock".into()]),
+            with_packages: Some(vec!["statsmodels".into()]),
             ..Default::default()
         };
         let policy = Policy::from_spec(&spec, &host()).unwrap();

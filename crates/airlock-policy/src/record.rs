@@ -14,7 +14,7 @@ use crate::spec::PolicySpec;
 pub const RECORD_SCHEMA_VERSION: u32 = 1;
 
 /// How a run ended, in one word.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// The code exited 0.
@@ -30,9 +30,13 @@ pub enum Status {
     CpuLimit,
     /// The output limit stopped the run (with `on_output_limit = "kill"`).
     OutputLimit,
-    /// The sandbox itself failed; the code may not have run at all.
+    /// The sandbox could not start the code: the code never ran.
     #[default]
     SandboxError,
+    /// The code started, but airlock's own machinery failed during the run
+    /// (or it was stopped on request) before airlock could vouch for how it
+    /// ended; everything observed is kept, and `message` says what failed.
+    InternalError,
 }
 
 impl Status {
@@ -45,11 +49,12 @@ impl Status {
             Status::CpuLimit => "cpu_limit",
             Status::OutputLimit => "output_limit",
             Status::SandboxError => "sandbox_error",
+            Status::InternalError => "internal_error",
         }
     }
 
     /// Every status, for documentation and metrics.
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::Ok,
         Status::Failed,
         Status::Timeout,
@@ -57,7 +62,19 @@ impl Status {
         Status::CpuLimit,
         Status::OutputLimit,
         Status::SandboxError,
+        Status::InternalError,
     ];
+
+    /// The limit a run with this status was stopped by, if a limit did.
+    pub fn stopping_limit(self) -> Option<Limit> {
+        match self {
+            Status::Timeout => Some(Limit::WallTime),
+            Status::MemoryLimit => Some(Limit::Memory),
+            Status::CpuLimit => Some(Limit::CpuTime),
+            Status::OutputLimit => Some(Limit::Output),
+            _ => None,
+        }
+    }
 
     /// Parses a status name.
     pub fn parse(name: &str) -> Option<Status> {
@@ -73,7 +90,7 @@ impl fmt::Display for Status {
 
 /// A limit a run reached. A run can reach several and still finish (a fork
 /// that failed with EAGAIN, a write that failed with ENOSPC).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Limit {
     WallTime,
@@ -130,7 +147,7 @@ impl fmt::Display for Limit {
 }
 
 /// The language of the code.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
     #[default]
@@ -163,7 +180,8 @@ impl fmt::Display for Language {
 }
 
 /// A file copied into the work directory before the run.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct InputRecord {
     pub path: String,
     pub bytes: u64,
@@ -171,7 +189,8 @@ pub struct InputRecord {
 }
 
 /// A named artefact read back after the run, or the reason it was refused.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ArtifactRecord {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,7 +209,8 @@ pub struct ArtifactRecord {
 }
 
 /// A matplotlib figure that came back as a PNG.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct FigureRecord {
     pub name: String,
     pub width: u32,
@@ -203,8 +223,53 @@ pub struct FigureRecord {
     pub png_base64: Option<String>,
 }
 
+/// Which kind of rich result: the last expression's value, or a `display()` call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultKind {
+    /// The value of the last expression (as a notebook's `execute_result`).
+    #[default]
+    Value,
+    /// One object passed to `display()` (a notebook's `display_data`).
+    Display,
+}
+
+/// A rich result, as a notebook shows it: one object in several
+/// representations, keyed by MIME type (`text/plain`, always; `text/html`,
+/// `text/markdown`, `text/latex`, `image/svg+xml`, `application/json` as
+/// text; `image/png` and `image/jpeg` as base64).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct DisplayResult {
+    pub kind: ResultKind,
+    pub data: std::collections::BTreeMap<String, String>,
+}
+
+impl DisplayResult {
+    /// The MIME types whose data is base64 bytes rather than text.
+    pub const BINARY_TYPES: [&'static str; 2] = ["image/png", "image/jpeg"];
+
+    /// The MIME types a result may carry.
+    pub const TYPES: [&'static str; 8] = [
+        "text/plain",
+        "text/html",
+        "text/markdown",
+        "text/latex",
+        "image/svg+xml",
+        "application/json",
+        "image/png",
+        "image/jpeg",
+    ];
+
+    /// The text a reader without a notebook sees.
+    pub fn text(&self) -> &str {
+        self.data.get("text/plain").map_or("", String::as_str)
+    }
+}
+
 /// An uncaught exception, with line numbers that match the code as shown.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ErrorInfo {
     #[serde(rename = "type")]
     pub kind: String,
@@ -217,17 +282,27 @@ pub struct ErrorInfo {
 }
 
 /// What a run used. A field a backend cannot measure is absent, never zero.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Usage {
     pub wall_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// Milliseconds spent getting the image with the run's extra packages
+    /// (`with_packages`) before the sandbox was made: building the derived
+    /// image the first time, finding it after. Absent without extra packages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ms: Option<u64>,
+    /// Whether that image was already built (`false`: this run paid for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_cached: Option<bool>,
 }
 
 /// Which isolation was in force for the run.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Isolation {
     pub backend: String,
     /// The layers actually in force.
@@ -241,14 +316,15 @@ pub struct Isolation {
 }
 
 /// The runtime image the code ran in.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ImageRef {
     pub name: String,
     pub hash: String,
 }
 
 /// What the proxy decided for one connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkVerdict {
     Allowed,
@@ -256,7 +332,8 @@ pub enum NetworkVerdict {
 }
 
 /// One connection through the proxy, allowed or refused.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct NetworkEvent {
     pub host: String,
     pub port: u16,
@@ -271,15 +348,19 @@ pub struct NetworkEvent {
 }
 
 /// The run's network: the rules and every connection.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct NetworkRecord {
     pub allowed_hosts: Vec<String>,
     pub connections: Vec<NetworkEvent>,
 }
 
 /// Everything about one run. Every run, on every backend, produces one, even
-/// when the sandbox could not start (status `sandbox_error`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// when the sandbox could not start (status `sandbox_error`) or airlock
+/// failed while the code ran (status `internal_error`, with everything
+/// observed).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RunRecord {
     pub schema_version: u32,
     pub id: String,
@@ -314,6 +395,9 @@ pub struct RunRecord {
     /// `repr` of the last expression, when the code ends with one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// Rich results in order: every `display()` call, then the value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<DisplayResult>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
     pub usage: Usage,
@@ -330,11 +414,14 @@ impl RunRecord {
         self.status == Status::Ok
     }
 
-    /// The record without the artefact and figure contents, which can be
-    /// megabytes each; their hashes stay. What the audit store keeps, and
+    /// The record without the artefact, figure and image contents, which can
+    /// be megabytes each; their hashes stay. What the audit store keeps, and
     /// what an MCP result carries beside the contents' own blocks.
     pub fn without_contents(&self) -> RunRecord {
         let mut record = self.clone();
+        for result in &mut record.results {
+            result.data.retain(|mime, _| !DisplayResult::BINARY_TYPES.contains(&mime.as_str()));
+        }
         for artifact in &mut record.artifacts {
             artifact.content_base64 = None;
         }
@@ -346,13 +433,7 @@ impl RunRecord {
 
     /// The limit that stopped the run, if a limit did.
     pub fn stopping_limit(&self) -> Option<Limit> {
-        match self.status {
-            Status::Timeout => Some(Limit::WallTime),
-            Status::MemoryLimit => Some(Limit::Memory),
-            Status::CpuLimit => Some(Limit::CpuTime),
-            Status::OutputLimit => Some(Limit::Output),
-            _ => None,
-        }
+        self.status.stopping_limit()
     }
 }
 

@@ -8,9 +8,17 @@
 //! queue = 8                     # runs waiting for a slot; past it, 429 [default: 4 x concurrency]
 //! max_body_bytes = 33554432     # request bodies above this get 413 [default: 32 MiB]
 //! grace_period_s = 10           # on SIGTERM, how long running runs may finish [default: 10]
+//! mcp_result_bytes = 262144     # the most one MCP tool result carries [default: 256 KiB]; past it,
+//!                               # output is cut and files, figures and images become resource links
+//! artifact_store_bytes = 1073741824  # artefacts kept for GET /v1/runs/{id}/artifacts/{index} and MCP
+//!                               # resource links, oldest dropped first [default: 1 GiB]
 //! image = "python-data"         # the runtime image [default: python-data], or:
 //! # python = "/usr/bin/python3" # a host interpreter as it is
 //! # audit_db = "/var/lib/airlock/audit.sqlite3"  # [default: audit.sqlite3 in the data directory]
+//! keep_contents = "all"         # figures and inline artefacts kept beside the chain, for
+//!                               # the console: "all", "figures" or "off" [default: all]
+//! contents_quota_mb = 1024      # the most kept contents take in all; past it a content is
+//!                               # skipped (and noted), the run still recorded [default: 1024]
 //!
 //! [defaults]                    # a PolicySpec: what a run gets when it asks for nothing
 //! timeout_s = 10
@@ -38,7 +46,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use airlock::{HostFacts, Policy, PolicyError, PolicySpec, Runtime, SandboxPath};
+use airlock::audit::{ContentsPolicy, DEFAULT_CONTENTS_QUOTA, KeepContents};
+use airlock::{CopyIn, CopyInError, HostFacts, Policy, PolicyError, PolicySpec, Runtime, SandboxPath};
 use serde::Deserialize;
 use sha2::Digest;
 
@@ -51,6 +60,11 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(10);
 /// Waiting runs per slot when the config does not size the queue.
 pub const DEFAULT_QUEUE_PER_SLOT: usize = 4;
+/// The most one MCP tool result carries unless the config says otherwise:
+/// a report and a few figures, small enough for a model's context.
+pub const DEFAULT_MCP_RESULT_BYTES: usize = 256 << 10;
+/// The artefacts kept for later fetching, in bytes, unless the config says otherwise.
+pub const DEFAULT_ARTIFACT_STORE_BYTES: u64 = 1 << 30;
 
 /// The configuration file as written. [`Settings::new`] checks it.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -61,9 +75,13 @@ pub struct ServerConfig {
     pub queue: Option<usize>,
     pub max_body_bytes: Option<usize>,
     pub grace_period_s: Option<f64>,
+    pub mcp_result_bytes: Option<usize>,
+    pub artifact_store_bytes: Option<u64>,
     pub image: Option<String>,
     pub python: Option<String>,
     pub audit_db: Option<PathBuf>,
+    pub keep_contents: Option<KeepContents>,
+    pub contents_quota_mb: Option<u64>,
     #[serde(default)]
     pub defaults: PolicySpec,
     #[serde(default)]
@@ -154,13 +172,6 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// A file every run starts with, read once when the server starts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DataFile {
-    pub path: SandboxPath,
-    pub data: std::sync::Arc<[u8]>,
-}
-
 /// A checked configuration, ready to serve.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -169,6 +180,10 @@ pub struct Settings {
     pub queue: usize,
     pub max_body_bytes: usize,
     pub grace_period: Duration,
+    /// The most one MCP tool result carries, in bytes.
+    pub mcp_result_bytes: usize,
+    /// The most the artefact store keeps, in bytes.
+    pub artifact_store_bytes: u64,
     /// What a run gets when it asks for nothing.
     pub defaults: Policy,
     /// The most a run may ask for.
@@ -176,8 +191,11 @@ pub struct Settings {
     pub host: HostFacts,
     pub runtime: Runtime,
     pub tokens: Vec<Token>,
-    pub files: Vec<DataFile>,
+    /// The files every run starts with, read once, within the defaults' caps.
+    pub files: CopyIn,
     pub audit_db: PathBuf,
+    /// Which contents the audit store keeps, and how much in all.
+    pub contents: ContentsPolicy,
 }
 
 impl Settings {
@@ -216,6 +234,11 @@ impl Settings {
                 return Err(invalid("grace_period_s", &format!("{s} is not a number of seconds from 0 to 3600")));
             }
         };
+        let mcp_result_bytes = config.mcp_result_bytes.unwrap_or(DEFAULT_MCP_RESULT_BYTES);
+        if mcp_result_bytes < 4096 {
+            return Err(invalid("mcp_result_bytes", "must be at least 4096 bytes, room for a short report"));
+        }
+        let artifact_store_bytes = config.artifact_store_bytes.unwrap_or(DEFAULT_ARTIFACT_STORE_BYTES);
         let tokens = config.tokens.iter().enumerate().map(|(i, t)| check_token(i, t)).collect::<Result<Vec<_>, _>>()?;
         for (i, token) in tokens.iter().enumerate() {
             if tokens[..i].iter().any(|other| other.name == token.name) {
@@ -226,12 +249,19 @@ impl Settings {
             }
         }
         let files = read_files(&config.files, &defaults)?;
+        let quota_mb = config.contents_quota_mb.unwrap_or(DEFAULT_CONTENTS_QUOTA >> 20);
+        let quota_bytes = quota_mb
+            .checked_mul(1 << 20)
+            .ok_or_else(|| invalid("contents_quota_mb", &format!("{quota_mb} MiB is more than any disk holds")))?;
+        let contents = ContentsPolicy { keep: config.keep_contents.unwrap_or_default(), quota_bytes };
         Ok(Settings {
             listen: config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
             concurrency,
             queue,
             max_body_bytes,
             grace_period,
+            mcp_result_bytes,
+            artifact_store_bytes,
             defaults,
             ceiling,
             host,
@@ -239,39 +269,39 @@ impl Settings {
             tokens,
             files,
             audit_db: config.audit_db.clone().unwrap_or(default_audit_db),
+            contents,
         })
     }
 
     /// The token whose hash matches `presented`, compared in constant time.
     pub fn token(&self, presented: &str) -> Option<&Token> {
-        let digest: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
-        let mut found = None;
-        for token in &self.tokens {
-            let difference = token.sha256.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            if difference == 0 {
-                found = Some(token);
-            }
-        }
-        found
+        find_token(&self.tokens, presented)
     }
 }
 
-/// What the code runs with: the image named in the config (built on first
-/// use when it is the default image), or a host interpreter as it is.
-pub fn resolve_runtime(config: &ServerConfig) -> Result<Runtime, airlock::Error> {
-    match (&config.python, &config.image) {
-        (Some(python), None) => Ok(airlock::interpreter::Interpreter::resolve(python)?.runtime()),
-        (Some(_), Some(_)) => Err(airlock::Error::ImageBuild {
-            name: String::new(),
-            reason: "the config names both an image and a python; choose one".to_owned(),
-        }),
-        (None, image) => {
-            let store = airlock::image::ImageStore::open_default()?;
-            let name = image.as_deref().unwrap_or(airlock::image::DEFAULT_IMAGE);
-            let mut progress = |event: airlock::image::BuildEvent| eprintln!("airlock: image {name}: {event:?}");
-            Ok(store.get_or_build_default(name, &mut progress)?.runtime())
+/// The token of `tokens` whose hash matches `presented`, compared in
+/// constant time: for the API's bearer tokens and the console's login.
+pub fn find_token<'a>(tokens: &'a [Token], presented: &str) -> Option<&'a Token> {
+    let digest: [u8; 32] = sha2::Sha256::digest(presented.as_bytes()).into();
+    let mut found = None;
+    for token in tokens {
+        let difference = token.sha256.iter().zip(digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if difference == 0 {
+            found = Some(token);
         }
     }
+    found
+}
+
+/// What the code runs with: the wasm backend's own interpreter when the
+/// defaults choose it, else the image named in the config (built on first
+/// use when it is the default image), or a host interpreter as it is.
+pub fn resolve_runtime(config: &ServerConfig) -> Result<Runtime, airlock::Error> {
+    let host = airlock::host_facts()?;
+    let backend = Policy::from_spec(&config.defaults, &host).map(|p| p.backend).unwrap_or_default();
+    let name = config.image.as_deref().unwrap_or(airlock::image::DEFAULT_IMAGE).to_owned();
+    let mut progress = |event: airlock::image::BuildEvent| eprintln!("airlock: image {name}: {event:?}");
+    airlock::resolve_runtime(backend, config.image.as_deref(), config.python.as_deref(), &mut progress)
 }
 
 /// The lower-case hex SHA-256 of a token, as the config keeps it.
@@ -303,9 +333,8 @@ fn check_token(index: usize, token: &TokenConfig) -> Result<Token, ConfigError> 
     Ok(Token { name: name.to_owned(), sha256, see_all_runs: token.see_all_runs })
 }
 
-fn read_files(files: &[FileConfig], defaults: &Policy) -> Result<Vec<DataFile>, ConfigError> {
-    let mut total = 0u64;
-    let mut read = Vec::new();
+fn read_files(files: &[FileConfig], defaults: &Policy) -> Result<CopyIn, ConfigError> {
+    let mut read = CopyIn::new(&defaults.limits);
     for file in files {
         let fail = |message: String| ConfigError::File { path: file.host.clone(), message };
         let inside = match &file.sandbox {
@@ -316,29 +345,13 @@ fn read_files(files: &[FileConfig], defaults: &Policy) -> Result<Vec<DataFile>, 
             }
         };
         let path = SandboxPath::parse(&inside).map_err(|e| fail(e.to_string()))?;
-        let meta = std::fs::metadata(&file.host).map_err(|e| fail(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(fail("not a regular file".to_owned()));
-        }
-        let data = std::fs::read(&file.host).map_err(|e| fail(e.to_string()))?;
-        let size = data.len() as u64;
-        if size > defaults.limits.file_bytes {
-            return Err(fail(format!(
-                "{size} bytes is above the per-file cap of {} bytes (defaults.max_file_bytes)",
-                defaults.limits.file_bytes
-            )));
-        }
-        total += size;
-        if total > defaults.limits.files_total_bytes {
-            return Err(fail(format!(
-                "the files together pass the cap of {} bytes (defaults.max_files_total_bytes)",
-                defaults.limits.files_total_bytes
-            )));
-        }
-        if read.iter().any(|f: &DataFile| f.path == path) {
+        if read.files().iter().any(|(taken, _)| *taken == path) {
             return Err(fail(format!("{path} is named twice")));
         }
-        read.push(DataFile { path, data: data.into() });
+        read.add_host_file(&file.host, path).map_err(|error| match error {
+            CopyInError::Host { reason, .. } => fail(reason),
+            other => fail(format!("{other}, in [defaults]")),
+        })?;
     }
     Ok(read)
 }
@@ -406,8 +419,8 @@ mod tests {
         let data = dir.path().join("sales.csv");
         std::fs::write(&data, "a,b\n1,2\n").unwrap();
         let s = settings(&format!("[[files]]\nhost = {:?}", data.display().to_string())).unwrap();
-        assert_eq!(s.files[0].path.to_string(), "/work/sales.csv");
-        assert_eq!(&*s.files[0].data, b"a,b\n1,2\n");
+        assert_eq!(s.files.files()[0].0.to_string(), "/work/sales.csv");
+        assert_eq!(&*s.files.files()[0].1, b"a,b\n1,2\n");
         let error = settings(&format!("[[files]]\nhost = {:?}\nsandbox = \"/etc/passwd\"", data.display().to_string()))
             .unwrap_err()
             .to_string();

@@ -5,21 +5,26 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use airlock::audit::{AuditError, AuditStore};
 use airlock::{
-    Audit, KillSwitch, Language, Output, PolicyError, PolicySpec, RunRecord, RunRequest, Sandbox, SandboxPath,
+    Audit, CopyIn, KillSwitch, Language, Output, PolicyError, PolicySpec, RunRecord, RunRequest, Sandbox, SandboxPath,
+    Status,
 };
+use base64::Engine as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::artifacts::ArtifactStore;
 use crate::config::Settings;
 use crate::metrics::{Gauges, Metrics, Rejection};
 
-/// How long a client refused with 429 is told to wait.
-pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The shortest and longest wait a client refused with 429 is told.
+pub const RETRY_AFTER_MIN: Duration = Duration::from_secs(1);
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 
 /// One run as a front door asks for it, before any check.
 #[derive(Clone, Debug, Default)]
@@ -44,11 +49,17 @@ pub enum RunError {
     #[error("{field}: {message}")]
     BadRequest { field: String, message: String },
     /// Every slot and the queue are full (429).
-    #[error("the server is running {slots} runs with {queue} more waiting; try again in {} s", RETRY_AFTER.as_secs())]
-    Busy { slots: usize, queue: usize },
+    #[error("the server is running {slots} runs with {queue} more waiting; try again in {} s", retry_after.as_secs())]
+    Busy { slots: usize, queue: usize, retry_after: Duration },
     /// The server is shutting down (503).
     #[error("the server is shutting down and takes no more runs")]
     ShuttingDown,
+    /// The run started, then airlock stopped it before it ended: the server
+    /// shut down past its grace period, or the caller cancelled it. Not a
+    /// failure of the code or of the sandbox; the record is in the audit
+    /// store (503 at shutdown).
+    #[error("run {run_id} was stopped before it ended: {why}")]
+    Stopped { run_id: String, why: StopReason, record: Box<RunRecord> },
     /// The sandbox could not be made (500).
     #[error("the sandbox could not be made: {0}")]
     Sandbox(String),
@@ -56,6 +67,24 @@ pub enum RunError {
     /// (500, or 507 when the disk is full).
     #[error("run {run_id} could not be recorded in the audit store, so it is not returned: {error}")]
     Unrecorded { run_id: String, error: AuditError },
+}
+
+/// Why airlock stopped a run it had started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The server shut down and the run outlived the grace period.
+    Shutdown,
+    /// The caller cancelled it (MCP `notifications/cancelled`).
+    Cancelled,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StopReason::Shutdown => "the server shut down and the run did not end within its grace period",
+            StopReason::Cancelled => "the caller cancelled it",
+        })
+    }
 }
 
 impl RunError {
@@ -71,7 +100,7 @@ impl RunError {
 /// A checked run, ready for a slot.
 struct Prepared {
     policy: airlock::Policy,
-    files: Vec<(SandboxPath, Arc<[u8]>)>,
+    files: CopyIn,
     request: RunRequest,
 }
 
@@ -84,6 +113,9 @@ pub struct Engine {
     waiting: AtomicUsize,
     metrics: Metrics,
     active: Mutex<BTreeMap<u64, KillSwitch>>,
+    artifacts: ArtifactStore,
+    /// The schema a run request must fit ([`crate::request::run_body_schema`]).
+    run_schema: serde_json::Value,
     next_run: AtomicU64,
     accepting: AtomicBool,
     /// Set when the grace period is over: every run is being killed.
@@ -92,9 +124,12 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine for `settings`, recording into `audit`.
-    pub fn new(settings: Settings, audit: Arc<AuditStore>) -> Engine {
+    /// An engine for `settings`, recording into `audit` and keeping
+    /// artefacts in `artifacts`.
+    pub fn new(settings: Settings, audit: Arc<AuditStore>, artifacts: ArtifactStore) -> Engine {
         Engine {
+            artifacts,
+            run_schema: crate::request::run_body_schema(&settings),
             slots: Arc::new(Semaphore::new(settings.concurrency)),
             settings,
             audit,
@@ -120,6 +155,24 @@ impl Engine {
         &self.metrics
     }
 
+    pub fn artifacts(&self) -> &ArtifactStore {
+        &self.artifacts
+    }
+
+    /// The schema a run request must fit, as the OpenAPI document states it.
+    pub fn run_schema(&self) -> &serde_json::Value {
+        &self.run_schema
+    }
+
+    /// How long a refused client should wait: the runs ahead of it (every
+    /// slot and the queue), at the mean run time so far, over the slots.
+    pub fn retry_after(&self) -> Duration {
+        let ahead = (self.settings.concurrency + self.settings.queue) as f64;
+        let mean = self.metrics.mean_run_time().unwrap_or(RETRY_AFTER_MIN);
+        let wait = mean.as_secs_f64() * ahead / self.settings.concurrency as f64;
+        Duration::from_secs(wait.ceil() as u64).clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX)
+    }
+
     pub fn gauges(&self) -> Gauges {
         Gauges {
             queue_depth: self.waiting.load(Ordering::SeqCst),
@@ -142,12 +195,44 @@ impl Engine {
     /// record. The run goes on to the end (and is recorded) even if the
     /// caller stops waiting for it.
     pub async fn run(self: &Arc<Self>, job: RunJob, principal: Option<String>) -> Result<RunRecord, RunError> {
+        self.run_cancellable(job, principal, CancellationToken::new()).await
+    }
+
+    /// [`Engine::run`], stopped when `cancel` is cancelled: a run waiting
+    /// for a slot leaves the queue, a running one is killed (and recorded)
+    /// and its slot freed.
+    pub async fn run_cancellable(
+        self: &Arc<Self>,
+        job: RunJob,
+        principal: Option<String>,
+        cancel: CancellationToken,
+    ) -> Result<RunRecord, RunError> {
         let prepared = self.prepare(job)?;
-        let permit = self.admit().await?;
+        let permit = tokio::select! {
+            permit = self.admit() => permit?,
+            () = cancel.cancelled() => return Err(RunError::BadRequest {
+                field: String::new(),
+                message: "the caller cancelled the run before it started".to_owned(),
+            }),
+        };
         let audit = Audit { store: self.audit.clone(), principal };
         let engine = self.clone();
-        let handle = self.tasks.spawn_blocking(move || engine.execute(prepared, audit, permit));
-        handle.await.map_err(|error| RunError::Sandbox(format!("the run's thread failed: {error}")))?
+        let stop = Arc::new(OnceLock::new());
+        let run = {
+            let stop = stop.clone();
+            let cancel = cancel.clone();
+            self.tasks.spawn_blocking(move || engine.execute(prepared, audit, permit, &cancel, &stop))
+        };
+        let outcome = run.await.map_err(|error| RunError::Sandbox(format!("the run's thread failed: {error}")))?;
+        let record = outcome?;
+        // Killed by us rather than ended by itself: say so, apart from failures.
+        let stopped = stop.get().copied().or(self.killing.load(Ordering::SeqCst).then_some(StopReason::Shutdown));
+        match stopped {
+            Some(why) if matches!(record.status, Status::SandboxError | Status::InternalError) => {
+                Err(RunError::Stopped { run_id: record.id.clone(), why, record: Box::new(record) })
+            }
+            _ => Ok(record),
+        }
     }
 
     /// Stops taking runs, lets running ones go on for the grace period, then
@@ -163,6 +248,16 @@ impl Engine {
         }
     }
 
+    /// Stops taking runs and kills the running ones at once (each is still
+    /// recorded); returns when every sandbox is gone.
+    pub async fn stop_now(&self) {
+        self.accepting.store(false, Ordering::SeqCst);
+        self.slots.close();
+        self.tasks.close();
+        self.kill_all();
+        self.tasks.wait().await;
+    }
+
     /// Kills every run now, and every run whose sandbox is being made.
     pub fn kill_all(&self) {
         self.killing.store(true, Ordering::SeqCst);
@@ -174,16 +269,27 @@ impl Engine {
     }
 
     /// On a blocking thread, holding a slot: make the sandbox, copy the
-    /// files in, run, record. The sandbox is gone when this returns.
-    fn execute(&self, prepared: Prepared, audit: Audit, _slot: OwnedSemaphorePermit) -> Result<RunRecord, RunError> {
+    /// files in, run, record, keep the artefacts. The sandbox is gone when
+    /// this returns. `cancel` kills the run; `stopped` then says why.
+    fn execute(
+        &self,
+        prepared: Prepared,
+        audit: Audit,
+        _slot: OwnedSemaphorePermit,
+        cancel: &CancellationToken,
+        stopped: &Arc<OnceLock<StopReason>>,
+    ) -> Result<RunRecord, RunError> {
         let Prepared { policy, files, request } = prepared;
         let mut sandbox = Sandbox::with_runtime(policy, self.settings.runtime.clone())
             .map_err(|error| RunError::Sandbox(error.to_string()))?;
         sandbox.set_audit(Some(audit));
         let _registered = Registered::new(self, sandbox.kill_switch());
-        for (path, data) in &files {
-            sandbox.write(&path.to_string(), data).map_err(|error| RunError::Sandbox(error.to_string()))?;
-        }
+        // A watcher on the runtime turns a cancellation into a kill.
+        let kill = sandbox.kill_switch();
+        let _watch = CancelWatch::spawn(cancel, move || kill.kill(), stopped);
+        // The files are the caller's: one that cannot be written (no room in
+        // the disk asked for, a name too long) is the request's fault.
+        files.write_into(&mut sandbox).map_err(|error| RunError::bad("files", error.to_string()))?;
         // A run the sandbox could not carry out still has its record (status
         // sandbox_error), recorded and returned like any other.
         let result = match sandbox.run_checked(&request) {
@@ -202,7 +308,22 @@ impl Engine {
         };
         self.metrics.record_run(record.status, record.usage.wall_ms);
         drop(sandbox);
+        self.keep_artifacts(record);
         result.map_err(|(record, error)| RunError::Unrecorded { run_id: record.id.clone(), error })
+    }
+
+    /// Keeps the artefacts and figures a run returned, for links to them.
+    fn keep_artifacts(&self, record: &RunRecord) {
+        let artifacts =
+            record.artifacts.iter().filter_map(|a| Some((&a.path, a.content_base64.as_ref()?, a.sha256.as_ref()?)));
+        let figures = record.figures.iter().filter_map(|f| Some((&f.name, f.png_base64.as_ref()?, &f.sha256)));
+        for (name, b64, sha256) in artifacts.chain(figures) {
+            let Ok(data) = base64::engine::general_purpose::STANDARD.decode(b64.as_bytes()) else { continue };
+            if let Err(error) = self.artifacts.put(sha256, &data) {
+                // The run and its record stand; only the later link is lost.
+                eprintln!("airlock: could not keep {name} of run {}: {error}", record.id);
+            }
+        }
     }
 
     fn prepare(&self, job: RunJob) -> Result<Prepared, RunError> {
@@ -213,39 +334,14 @@ impl Engine {
         let settings = &self.settings;
         job.policy.check_within(&settings.ceiling).map_err(RunError::from_policy)?;
         let policy = settings.defaults.with_spec(&job.policy, &settings.host).map_err(RunError::from_policy)?;
-        let limits = &policy.limits;
-        let mut files: Vec<(SandboxPath, Arc<[u8]>)> =
-            settings.files.iter().map(|file| (file.path.clone(), file.data.clone())).collect();
+        // The operator's files, then the request's, each within the run's own caps.
+        let copy_error =
+            |error: airlock::CopyInError| RunError::bad(format!("policy.{}", error.field()), error.to_string());
+        let mut files = settings.files.under(&policy.limits).map_err(copy_error)?;
         for (index, (path, data)) in job.files.into_iter().enumerate() {
             let path =
                 SandboxPath::parse(&path).map_err(|e| RunError::bad(format!("files[{index}].path"), e.to_string()))?;
-            if files.iter().any(|(existing, _)| *existing == path) {
-                return Err(RunError::bad(
-                    format!("files[{index}].path"),
-                    format!("{path} is given twice (or is one of the operator's files)"),
-                ));
-            }
-            files.push((path, data.into()));
-        }
-        let mut total = 0u64;
-        for (index, (path, data)) in files.iter().enumerate() {
-            let size = data.len() as u64;
-            if size > limits.file_bytes {
-                return Err(RunError::bad(
-                    "policy.max_file_bytes",
-                    format!("{path} is {size} bytes, above the per-file cap of {} bytes", limits.file_bytes),
-                ));
-            }
-            total += size;
-            if total > limits.files_total_bytes {
-                return Err(RunError::bad(
-                    "policy.max_files_total_bytes",
-                    format!(
-                        "the files together pass the cap of {} bytes at {path} (file {index})",
-                        limits.files_total_bytes
-                    ),
-                ));
-            }
+            files.add(path, data.into()).map_err(copy_error)?;
         }
         let outputs = job
             .outputs
@@ -267,6 +363,7 @@ impl Engine {
             cwd: None,
             display_name: job.display_name,
             outputs,
+            limits: None,
         };
         Ok(Prepared { policy, files, request })
     }
@@ -279,7 +376,11 @@ impl Engine {
         }
         let waiting = Waiting::join(&self.waiting, self.settings.queue).ok_or_else(|| {
             self.metrics.record_rejection(Rejection::Busy);
-            RunError::Busy { slots: self.settings.concurrency, queue: self.settings.queue }
+            RunError::Busy {
+                slots: self.settings.concurrency,
+                queue: self.settings.queue,
+                retry_after: self.retry_after(),
+            }
         })?;
         let permit = self.slots.clone().acquire_owned().await;
         drop(waiting);
@@ -287,6 +388,40 @@ impl Engine {
             self.metrics.record_rejection(Rejection::ShuttingDown);
             RunError::ShuttingDown
         })
+    }
+}
+
+/// Kills a run when its caller cancels it, for as long as this lives.
+struct CancelWatch {
+    done: CancellationToken,
+}
+
+impl CancelWatch {
+    fn spawn(
+        cancel: &CancellationToken,
+        kill: impl FnOnce() + Send + 'static,
+        stopped: &Arc<OnceLock<StopReason>>,
+    ) -> Option<CancelWatch> {
+        let done = CancellationToken::new();
+        let (cancel, finished, stopped) = (cancel.clone(), done.clone(), stopped.clone());
+        let watch = async move {
+            tokio::select! {
+                () = cancel.cancelled() => {
+                    // The reason is set before the kill, so the run's end reads it.
+                    let _ = stopped.set(StopReason::Cancelled);
+                    kill();
+                }
+                () = finished.cancelled() => {}
+            }
+        };
+        tokio::runtime::Handle::try_current().ok()?.spawn(watch);
+        Some(CancelWatch { done })
+    }
+}
+
+impl Drop for CancelWatch {
+    fn drop(&mut self) {
+        self.done.cancel();
     }
 }
 

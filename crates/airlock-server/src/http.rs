@@ -1,94 +1,75 @@
 //! The HTTP API: runs, the audit trail, health, metrics, the OpenAPI
 //! document, and MCP over streamable HTTP at `/mcp`.
+//!
+//! Every request body is checked against the schema the OpenAPI document
+//! publishes before it is read ([`crate::request`]); every answer that is
+//! not a success is an [`ErrorBody`], MCP's own included.
 
 use std::sync::Arc;
 
+use airlock::RunRecord;
 use airlock::audit::ListFilter;
-use airlock::{Language, PolicySpec, RunRecord};
-use axum::body::Body;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Extension, Json, Router};
-use base64::Engine as _;
+use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
-use crate::engine::{Engine, RETRY_AFTER, RunError, RunJob};
+use crate::engine::{Engine, RunError, RunJob, StopReason};
 use crate::mcp::McpServer;
+pub use crate::request::{FileBody, RunBody};
 
 /// Every route, as the OpenAPI document lists it: (method, path).
-pub const ROUTES: [(&str, &str); 7] = [
+pub const ROUTES: [(&str, &str); 10] = [
     ("post", "/v1/runs"),
     ("get", "/v1/runs"),
     ("get", "/v1/runs/{id}"),
+    ("get", "/v1/runs/{id}/artifacts/{index}"),
     ("get", "/healthz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
     ("post", "/mcp"),
+    ("get", "/mcp"),
+    ("delete", "/mcp"),
 ];
 
-/// The body of `POST /v1/runs`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunBody {
-    /// The code to run.
-    pub code: String,
-    /// `python` (default) or `sh`.
-    #[serde(default)]
-    pub language: Language,
-    /// Standard input, base64; absent means /dev/null.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stdin_base64: Option<String>,
-    /// Files copied into /work before the run, after the operator's.
-    #[serde(default)]
-    pub files: Vec<FileBody>,
-    /// Files in /work returned in the record, base64, after the run.
-    #[serde(default)]
-    pub outputs: Vec<String>,
-    /// Limits lower than the operator's defaults, and hosts among those the
-    /// operator allows.
-    #[serde(default)]
-    pub policy: PolicySpec,
-}
-
-/// One file of a run request.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileBody {
-    /// Where it goes: `/work/x.csv` or `x.csv`.
-    pub path: String,
-    pub content_base64: String,
-}
-
 /// Every error answer: `{"error": {"code", "message", "field"?}}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What went wrong, in a word and a sentence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ErrorDetail {
-    /// A stable word: bad_request, unauthorized, forbidden, not_found,
-    /// payload_too_large, busy, shutting_down, sandbox_error, audit_failed,
-    /// audit_disk_full, unsupported_media_type.
+    /// A stable word: bad_request, unauthorized, forbidden, not_found, gone,
+    /// method_not_allowed, not_acceptable, payload_too_large,
+    /// unsupported_media_type, busy, shutting_down, stopped, sandbox_error,
+    /// audit_failed, audit_disk_full, mcp_error.
     pub code: String,
     pub message: String,
     /// The request field at fault, when one is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
-    /// The run that happened but could not be recorded.
+    /// The run this is about: one that happened but could not be recorded,
+    /// or one airlock stopped (its record is in the audit store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
 }
 
 /// `GET /healthz`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Health {
     /// `ok`, or `shutting_down`.
     pub status: String,
@@ -107,15 +88,31 @@ pub struct Caller {
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    detail: ErrorDetail,
+    detail: Box<ErrorDetail>,
+    /// Extra headers: Retry-After, WWW-Authenticate, Allow.
+    headers: Vec<(header::HeaderName, HeaderValue)>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
-            detail: ErrorDetail { code: code.to_owned(), message: message.into(), field: None, run_id: None },
+            detail: Box::new(ErrorDetail { code: code.to_owned(), message: message.into(), field: None, run_id: None }),
+            headers: Vec::new(),
         }
+    }
+
+    fn header(mut self, name: header::HeaderName, value: HeaderValue) -> ApiError {
+        self.headers.push((name, value));
+        self
+    }
+
+    fn payload_too_large(cap: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the request body is above the server's cap of {cap} bytes"),
+        )
     }
 
     fn field(mut self, field: impl Into<String>) -> ApiError {
@@ -130,14 +127,9 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let retry = self.status == StatusCode::TOO_MANY_REQUESTS;
-        let unauthorized = self.status == StatusCode::UNAUTHORIZED;
-        let mut response = (self.status, Json(ErrorBody { error: self.detail })).into_response();
-        if retry {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER.as_secs()));
-        }
-        if unauthorized {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        let mut response = (self.status, Json(ErrorBody { error: *self.detail })).into_response();
+        for (name, value) in self.headers {
+            response.headers_mut().insert(name, value);
         }
         response
     }
@@ -148,8 +140,20 @@ impl From<RunError> for ApiError {
         let message = error.to_string();
         match error {
             RunError::BadRequest { field, message } => ApiError::bad_request(field, message),
-            RunError::Busy { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message),
+            RunError::Busy { retry_after, .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+                .header(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs())),
             RunError::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message),
+            RunError::Stopped { run_id, why, .. } => {
+                // Not the code's failure nor the sandbox's: airlock stopped it.
+                let status = match why {
+                    StopReason::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+                    // A cancelled HTTP run has nobody waiting for it; say so all the same.
+                    StopReason::Cancelled => StatusCode::CONFLICT,
+                };
+                let mut api = ApiError::new(status, "stopped", message);
+                api.detail.run_id = Some(run_id);
+                api
+            }
             RunError::Sandbox(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error", message),
             RunError::Unrecorded { run_id, error } => {
                 let mut api = if error.is_disk_full() {
@@ -173,22 +177,35 @@ impl From<airlock::audit::AuditError> for ApiError {
     }
 }
 
-/// A JSON body that could not be read: 400 naming the reason, 413 when too
-/// large, 415 when not JSON.
-fn json_rejection(rejection: JsonRejection) -> ApiError {
-    match rejection {
-        JsonRejection::BytesRejection(inner) if inner.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            "the request body is above the server's cap",
-        ),
-        JsonRejection::MissingJsonContentType(_) => ApiError::new(
+/// Reads a JSON request body, at most `cap` bytes: 415 unless it says it is
+/// JSON, 413 past the cap, else the bytes.
+async fn json_bytes(headers: &HeaderMap, body: Body, cap: usize) -> Result<Bytes, ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             "send the body as JSON, with Content-Type: application/json",
-        ),
-        JsonRejection::JsonDataError(inner) => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", inner.body_text()),
-        other => ApiError::new(other.status(), "bad_request", other.body_text()),
+        ));
+    }
+    read_capped(body, cap).await
+}
+
+/// The whole body, or 413 once it passes `cap` (declared or not: a
+/// chunked body is counted as it comes).
+async fn read_capped(body: Body, cap: usize) -> Result<Bytes, ApiError> {
+    match http_body_util::Limited::new(body, cap).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(ApiError::payload_too_large(cap))
+        }
+        Err(error) => {
+            Err(ApiError::new(StatusCode::BAD_REQUEST, "bad_request", format!("the body could not be read: {error}")))
+        }
     }
 }
 
@@ -196,40 +213,124 @@ type Shared = Arc<Engine>;
 
 /// The router: the API behind bearer tokens, `/healthz` and
 /// `/openapi.json` open, `mcp` (MCP over streamable HTTP) mounted at `/mcp`.
+/// A new part of the server mounts itself in [`mounts`].
 pub fn router(engine: Shared, mcp: StreamableHttpService<McpServer, LocalSessionManager>) -> Router {
     let cap = engine.settings().max_body_bytes;
-    let protected = Router::new()
-        .route("/v1/runs", post(create_run).get(list_runs))
-        .route("/v1/runs/{id}", get(get_run))
-        .route("/metrics", get(metrics))
-        .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn_with_state(engine.clone(), limit_body))
+    let api = Router::new()
+        .route("/v1/runs", post(create_run).get(list_runs).fallback(not_allowed("/v1/runs")))
+        .route("/v1/runs/{id}", get(get_run).fallback(not_allowed("/v1/runs/{id}")))
+        .route(
+            "/v1/runs/{id}/artifacts/{index}",
+            get(get_artifact).fallback(not_allowed("/v1/runs/{id}/artifacts/{index}")),
+        )
+        .route("/metrics", get(metrics).fallback(not_allowed("/metrics")))
+        .route(
+            "/mcp",
+            any(move |request: Request| {
+                let mcp = mcp.clone();
+                async move { mcp_adapter(mcp, cap, request).await }
+            }),
+        )
         .layer(middleware::from_fn_with_state(engine.clone(), require_token));
-    Router::new()
-        .route("/healthz", get(health))
-        .route("/openapi.json", get(openapi))
-        .merge(protected)
-        .fallback(not_found)
-        .layer(DefaultBodyLimit::max(cap))
-        .with_state(engine)
+    let open = Router::new()
+        .route("/healthz", get(health).fallback(not_allowed("/healthz")))
+        .route("/openapi.json", get(openapi).fallback(not_allowed("/openapi.json")));
+    mounts(open.merge(api), &engine).fallback(not_found).layer(DefaultBodyLimit::max(cap)).with_state(engine)
+}
+
+/// Where the server's parts are mounted beside the API.
+fn mounts(router: Router<Shared>, engine: &Shared) -> Router<Shared> {
+    router.merge(crate::console::for_engine(engine))
+}
+
+/// The answer to a method `path` does not take: 405, with `Allow` listing
+/// the ones it does (from [`ROUTES`]; HEAD wherever GET), and an
+/// [`ErrorBody`] like every other error.
+fn not_allowed(path: &'static str) -> impl Fn() -> std::future::Ready<ApiError> + Clone + Send + 'static {
+    move || {
+        let mut methods: Vec<String> =
+            ROUTES.iter().filter(|(_, p)| *p == path).map(|(m, _)| m.to_ascii_uppercase()).collect();
+        if methods.iter().any(|m| m == "GET") {
+            methods.push("HEAD".to_owned());
+        }
+        let allowed = methods.join(", ");
+        let refused = ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{path} does not take that method; it takes {allowed}"),
+        );
+        std::future::ready(match HeaderValue::from_str(&allowed) {
+            Ok(value) => refused.header(header::ALLOW, value),
+            Err(_) => refused,
+        })
+    }
+}
+
+/// MCP at `/mcp`: the body capped here (413, also for a chunked body), the
+/// session's DELETE answered 204 as MCP clients expect, and the transport's
+/// own refusals (406, 415, 404...) as [`ErrorBody`]s.
+async fn mcp_adapter(
+    mcp: StreamableHttpService<McpServer, LocalSessionManager>,
+    cap: usize,
+    request: Request,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match read_capped(body, cap).await {
+        Ok(bytes) => bytes,
+        Err(refused) => return refused.into_response(),
+    };
+    let method = parts.method.clone();
+    let response = mcp.handle(Request::from_parts(parts, Body::from(bytes))).await.map(Body::new);
+    let status = response.status();
+    if method == Method::DELETE && status == StatusCode::ACCEPTED {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    if status.is_success() {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = read_capped(body, 64 << 10).await.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_ACCEPTABLE => "not_acceptable",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::NOT_FOUND => "not_found",
+        _ => "mcp_error",
+    };
+    let mut refused = ApiError::new(status, code, if text.is_empty() { status.to_string() } else { text });
+    for name in [header::ALLOW, header::WWW_AUTHENTICATE] {
+        if let Some(value) = parts.headers.get(&name) {
+            refused = refused.header(name, value.clone());
+        }
+    }
+    refused.into_response()
+}
+
+/// The `Authorization` header's token, if it is `Bearer <token>` (the
+/// scheme in any case, as RFC 9110 reads it).
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(char::is_whitespace)?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// 401 unless the request carries `Authorization: Bearer <a configured token>`.
 async fn require_token(State(engine): State<Shared>, mut request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|token| !token.is_empty());
-    let Some(token) = presented.and_then(|presented| engine.settings().token(presented)) else {
-        let message = if request.headers().contains_key(header::AUTHORIZATION) {
-            "the Authorization header is not a valid bearer token for this server"
+    let token = bearer_token(request.headers()).and_then(|presented| engine.settings().token(presented));
+    let Some(token) = token else {
+        // RFC 6750: no credentials, a bare challenge; credentials that fail, invalid_token.
+        let (message, challenge) = if request.headers().contains_key(header::AUTHORIZATION) {
+            (
+                "the Authorization header is not a valid bearer token for this server",
+                "Bearer realm=\"airlock\", error=\"invalid_token\", error_description=\"the token is not valid for this server\"",
+            )
         } else {
-            "this endpoint needs Authorization: Bearer <token>"
+            ("this endpoint needs Authorization: Bearer <token>", "Bearer realm=\"airlock\"")
         };
-        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+            .header(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge))
+            .into_response();
     };
     let caller = Caller { name: token.name.clone(), see_all_runs: token.see_all_runs };
     // The token itself goes no further than this function.
@@ -238,39 +339,22 @@ async fn require_token(State(engine): State<Shared>, mut request: Request, next:
     next.run(request).await
 }
 
-/// Caps every body, including the ones the MCP service reads itself.
-async fn limit_body(State(engine): State<Shared>, request: Request, next: Next) -> Response {
-    let cap = engine.settings().max_body_bytes;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > cap as u64) {
-        return ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the request body is above the server's cap of {cap} bytes"),
-        )
-        .into_response();
-    }
-    let (parts, body) = request.into_parts();
-    let limited = Body::new(http_body_util::Limited::new(body, cap));
-    next.run(Request::from_parts(parts, limited)).await
-}
-
 async fn create_run(
     State(engine): State<Shared>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<RunBody>, JsonRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<RunRecord>, ApiError> {
-    let Json(body) = body.map_err(json_rejection)?;
+    let bytes = json_bytes(&headers, body, engine.settings().max_body_bytes).await?;
+    let body: RunBody = crate::request::read_json(&bytes, engine.run_schema())
+        .map_err(|error| ApiError::bad_request(error.field, error.message))?;
     let job = job_from_body(body)?;
     let record = engine.run(job, Some(caller.name)).await?;
     Ok(Json(record))
 }
 
 fn job_from_body(body: RunBody) -> Result<RunJob, ApiError> {
+    use base64::Engine as _;
     let decode = |field: String, text: &str| {
         base64::engine::general_purpose::STANDARD
             .decode(text.as_bytes())
@@ -297,23 +381,51 @@ fn job_from_body(body: RunBody) -> Result<RunJob, ApiError> {
     })
 }
 
+/// The stored run `id`, if this caller may see it: another token's run is
+/// as absent as one that never was.
+async fn stored_run(engine: &Shared, caller: &Caller, id: &str) -> Result<airlock::audit::StoredRun, ApiError> {
+    let store = engine.audit().clone();
+    let lookup = id.to_owned();
+    let run = tokio::task::spawn_blocking(move || store.get(&lookup))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit_failed", e.to_string()))??;
+    run.filter(|run| caller.see_all_runs || run.entry.principal.as_deref() == Some(caller.name.as_str())).ok_or_else(
+        || ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("there is no run {id:?} for this token")),
+    )
+}
+
 async fn get_run(
     State(engine): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let store = engine.audit().clone();
-    let lookup = id.clone();
-    let run = tokio::task::spawn_blocking(move || store.get(&lookup))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit_failed", e.to_string()))??;
-    // Another token's run is as absent as one that never was.
-    match run.filter(|run| caller.see_all_runs || run.entry.principal.as_deref() == Some(caller.name.as_str())) {
-        Some(run) => Ok(Json(run).into_response()),
-        None => {
-            Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("there is no run {id:?} for this token")))
-        }
-    }
+    Ok(Json(stored_run(&engine, &caller, &id).await?).into_response())
+}
+
+/// One artefact of a run, whole, as the run returned it.
+async fn get_artifact(
+    State(engine): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, index)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let run = stored_run(&engine, &caller, &id).await?;
+    let missing = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("run {id:?} has no artefact {index:?}; see its record's artifacts"),
+        )
+    };
+    let artifact = index.parse::<usize>().ok().and_then(|i| run.record.artifacts.get(i)).ok_or_else(missing)?;
+    let sha256 = artifact.sha256.as_deref().ok_or_else(missing)?;
+    let data = engine.artifacts().get(sha256).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::GONE,
+            "gone",
+            format!("{} of run {id:?} is no longer kept: the store keeps the newest artefacts only", artifact.path),
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }
 
 async fn list_runs(
@@ -342,13 +454,18 @@ async fn list_runs(
     Ok(Json(page).into_response())
 }
 
-async fn health(State(engine): State<Shared>) -> Json<Health> {
+/// 200 `ok` while the server takes runs; 503 `shutting_down` from the
+/// signal until it stops, so that a load balancer sends no more.
+async fn health(State(engine): State<Shared>) -> Response {
     let gauges = engine.gauges();
-    Json(Health {
-        status: if engine.is_accepting() { "ok" } else { "shutting_down" }.to_owned(),
+    let accepting = engine.is_accepting();
+    let health = Health {
+        status: if accepting { "ok" } else { "shutting_down" }.to_owned(),
         sandboxes_active: gauges.sandboxes_active,
         queue_depth: gauges.queue_depth,
-    })
+    };
+    let status = if accepting { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(health)).into_response()
 }
 
 async fn metrics(State(engine): State<Shared>) -> Response {
@@ -356,8 +473,8 @@ async fn metrics(State(engine): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
-async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::openapi::document())
+async fn openapi(State(engine): State<Shared>) -> Json<serde_json::Value> {
+    Json(crate::openapi::document(&engine))
 }
 
 async fn not_found() -> ApiError {

@@ -27,12 +27,15 @@
 
 #![forbid(unsafe_code)]
 
+pub mod artifacts;
 pub mod config;
+pub mod console;
 pub mod engine;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod openapi;
+pub mod request;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -64,61 +67,74 @@ pub fn start(config: &ServerConfig) -> Result<Arc<Engine>, StartError> {
     let host = airlock::host_facts()?;
     let runtime = config::resolve_runtime(config)?;
     let settings = Settings::new(config, host, runtime, AuditStore::default_path()?)?;
-    let audit = Arc::new(AuditStore::open(&settings.audit_db)?);
-    Ok(Arc::new(Engine::new(settings, audit)))
+    let audit = Arc::new(AuditStore::open(&settings.audit_db)?.with_contents(settings.contents));
+    // Beside the audit store, named for it: audit.sqlite3 keeps audit.artifacts/.
+    let store = settings.audit_db.with_extension("artifacts");
+    let artifacts = artifacts::ArtifactStore::open(store.clone(), settings.artifact_store_bytes)
+        .map_err(|error| StartError::Other(format!("the artefact store {}: {error}", store.display())))?;
+    Ok(Arc::new(Engine::new(settings, audit, artifacts)))
 }
 
 /// Serves the HTTP API and MCP at `/mcp` on `listener` until `shutdown`
-/// completes; then drains as [`Engine::shutdown`] does, and returns once
-/// every sandbox is gone.
+/// completes; then drains as [`Engine::shutdown`] does, still answering
+/// meanwhile (`/healthz` says `shutting_down`, new runs get 503), and
+/// returns once every sandbox is gone and the answers are out.
 pub async fn serve_http(
     engine: Arc<Engine>,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let stopping = CancellationToken::new();
-    let app = http::router(engine.clone(), mcp::http_service(engine.clone(), stopping.child_token()));
-    let drained = tokio::spawn({
+    // Drained: every run ended or killed; then the listener closes.
+    let drained = CancellationToken::new();
+    // Set if the server ends by itself (an error): drain at once.
+    let ended = CancellationToken::new();
+    let app = http::router(engine.clone(), mcp::http_service(engine.clone(), drained.child_token()));
+    let draining = tokio::spawn({
         let engine = engine.clone();
-        let stopping = stopping.clone();
+        let (drained, ended) = (drained.clone(), ended.clone());
         async move {
-            stopping.cancelled().await;
+            tokio::select! {
+                () = shutdown => {}
+                () = ended.cancelled() => {}
+            }
             engine.shutdown().await;
+            drained.cancel();
         }
     });
-    tokio::spawn({
-        let stopping = stopping.clone();
-        async move {
-            shutdown.await;
-            stopping.cancel();
-        }
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(stopping.clone().cancelled_owned());
-    // Connections still open this long after the signal (a client that never
-    // reads its answer) are dropped; the runs behind them are not.
-    let patience = engine.settings().grace_period + std::time::Duration::from_secs(5);
+    let server = axum::serve(listener, app).with_graceful_shutdown(drained.clone().cancelled_owned());
+    // Connections still open this long after the drain (a client that never
+    // reads its answer, an idle MCP stream) are dropped.
+    let patience = std::time::Duration::from_secs(5);
     let result = tokio::select! {
         result = server => result,
-        () = async { stopping.cancelled().await; tokio::time::sleep(patience).await } => Ok(()),
+        () = async { drained.cancelled().await; tokio::time::sleep(patience).await } => Ok(()),
     };
-    stopping.cancel();
-    drained.await.map_err(|error| std::io::Error::other(format!("draining the runs failed: {error}")))?;
+    ended.cancel();
+    draining.await.map_err(|error| std::io::Error::other(format!("draining the runs failed: {error}")))?;
     result
 }
 
-/// Serves MCP on standard input and output until the client closes it or
-/// `shutdown` completes; then drains like [`serve_http`].
+/// Serves MCP on standard input and output until the client closes it (runs
+/// in progress then finish, as [`Engine::shutdown`] lets them) or `shutdown`
+/// completes (a signal: runs in progress are killed at once and recorded,
+/// since the client that asked is going away). Returns once every sandbox is
+/// gone. The caller's runtime should then be shut down without waiting for
+/// the thread that reads standard input, which no signal interrupts.
 pub async fn serve_stdio(
     engine: Arc<Engine>,
     principal: Option<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let result = tokio::select! {
-        result = mcp::serve_stdio(engine.clone(), principal) => result,
-        () = shutdown => Ok(()),
-    };
-    engine.shutdown().await;
-    result
+    tokio::select! {
+        result = mcp::serve_stdio(engine.clone(), principal) => {
+            engine.shutdown().await;
+            result
+        }
+        () = shutdown => {
+            engine.stop_now().await;
+            Ok(())
+        }
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -1,34 +1,56 @@
 //! The MCP adapter: `run_python` and `run_shell`, one implementation served
 //! over stdio (`airlock mcp`) and streamable HTTP (`/mcp` of `airlock serve`).
+//!
+//! What a model gets back is sized for its context: one result carries at
+//! most the operator's `mcp_result_bytes`. The report (code, output, value
+//! or error, status) comes first, its output cut to a quarter of that; then
+//! figures and images, and the files named in `outputs`, while they fit;
+//! what does not fit is a resource link (`airlock://runs/{id}/...`), read
+//! with `resources/read` (and over HTTP with `GET
+//! /v1/runs/{id}/artifacts/{index}`). The structured content is a summary
+//! that carries the same report, so a client that hands the model the
+//! structured content instead of the text shows it the same thing.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use airlock::schema::{patterns, schema_of};
 use airlock::{Language, PolicySpec, RunRecord};
 use base64::Engine as _;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ResourceContents, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Resource, ResourceContents, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Engine, RunError, RunJob};
+use crate::engine::{Engine, RunError, RunJob, StopReason};
 use crate::http::Caller;
+use crate::request::{MAX_PATH_CHARS, nullable, read_value};
 
-/// Text artefacts up to this size come back as text blocks.
+/// Text artefacts up to this size come back as text blocks, budget allowing.
 pub const INLINE_TEXT_CAP: usize = 64 << 10;
-/// Other artefacts come back as embedded resources while their total stays
-/// under this; past it they are named, with their hash, and left out.
-pub const EMBEDDED_CAP: usize = 8 << 20;
+/// The most one `resources/read` returns: MCP clients cap a message at
+/// about 1 MiB (the official SDK's event size), and base64 grows by a third.
+/// A larger artefact is read in parts: `...?offset=N`.
+pub const READ_CHUNK: usize = 512 << 10;
 
 const PYTHON_TOOL: &str = "run_python";
 const SHELL_TOOL: &str = "run_shell";
+
+/// The limits a tool call may set, each as the spec's schema states it.
+pub const TOOL_LIMITS: [&str; 3] = ["timeout_s", "cpu_time_s", "memory_mb"];
+
+/// The policy field a tool call may also set when the operator vets extra
+/// packages: which of them to add.
+const WITH_PACKAGES: &str = "with_packages";
 
 /// The MCP server: the tools, on the shared engine. `principal` names who
 /// asks when the transport does not (stdio); over HTTP the token's name is
@@ -37,31 +59,35 @@ const SHELL_TOOL: &str = "run_shell";
 pub struct McpServer {
     engine: Arc<Engine>,
     principal: Option<String>,
+    /// Whether the HTTP API serves artefacts too (it does under `airlock serve`).
+    over_http: bool,
 }
 
-/// A tool call's arguments.
-#[derive(Debug, Deserialize)]
+/// A tool call's arguments besides the limits, which are [`PolicySpec`]'s.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct ToolArgs {
+struct ToolCode {
+    /// The code.
+    #[schemars(regex(pattern = patterns::NO_NUL))]
     code: String,
+    /// Files under /work to return after the run, e.g. ["/work/out.csv"]; null for none.
+    #[schemars(inner(regex(pattern = patterns::SANDBOX_PATH), length(min = 1, max = MAX_PATH_CHARS)))]
     #[serde(default)]
-    outputs: Vec<String>,
-    timeout_s: Option<f64>,
-    cpu_time_s: Option<f64>,
-    memory_mb: Option<u64>,
+    outputs: Option<Vec<String>>,
 }
 
 impl McpServer {
     pub fn new(engine: Arc<Engine>, principal: Option<String>) -> McpServer {
-        McpServer { engine, principal }
+        McpServer { engine, principal, over_http: false }
     }
 
     /// The tools, described from the server's own settings.
     pub fn tools(&self) -> Vec<Tool> {
+        // Running code changes nothing outside its sandbox, but the same code
+        // twice is not the same call: no idempotentHint.
         let annotations = ToolAnnotations::new()
             .read_only(false)
             .destructive(false)
-            .idempotent(true)
             .open_world(self.engine.settings().defaults.network.is_enabled());
         vec![
             Tool::new(PYTHON_TOOL, self.describe(Language::Python), self.input_schema(Language::Python))
@@ -80,8 +106,9 @@ impl McpServer {
         let mut text = match language {
             Language::Python => format!(
                 "Run Python code in a fresh, disposable sandbox and get back what it printed, the value of its last \
-                 expression (as a notebook shows it) or the exception with its line, and every matplotlib figure as \
-                 a PNG image (call plt.show() or leave figures open). The interpreter: {}.",
+                 expression (as a notebook shows it; display() works too) or the exception with the line of your \
+                 code it came from, and every matplotlib figure as a PNG image (call plt.show() or leave figures \
+                 open). The interpreter: {}.",
                 settings.runtime.describe
             ),
             Language::Sh => format!(
@@ -90,6 +117,10 @@ impl McpServer {
                 settings.runtime.describe
             ),
         };
+        if !settings.ceiling.with_packages.is_empty() {
+            let extras: Vec<&str> = settings.ceiling.with_packages.iter().map(String::as_str).collect();
+            let _ = write!(text, " More packages can be added to a call with with_packages: {}.", extras.join(", "));
+        }
         let network = &settings.defaults.network;
         if network.is_enabled() {
             let hosts: Vec<String> = network.allow.iter().map(ToString::to_string).collect();
@@ -100,65 +131,77 @@ impl McpServer {
         let _ = write!(
             text,
             " Limits per call: {} s wall time, {} s CPU time, {} MiB memory, {} processes, {} MiB of disk in /work \
-             and /tmp, {} KiB kept of each of stdout and stderr; timeout_s, cpu_time_s and memory_mb may ask for \
-             less (at most {} s, {} s and {} MiB).",
+             and /tmp, {} KiB kept of each of stdout and stderr.",
             limits.wall_time.as_secs_f64(),
             limits.cpu_time.as_secs_f64(),
             limits.memory_bytes >> 20,
             limits.pids,
             limits.disk_bytes >> 20,
             limits.output_bytes >> 10,
-            ceiling.wall_time.as_secs_f64(),
-            ceiling.cpu_time.as_secs_f64(),
-            ceiling.memory_bytes >> 20,
         );
-        if settings.files.is_empty() {
+        let same = limits.wall_time == ceiling.wall_time
+            && limits.cpu_time == ceiling.cpu_time
+            && limits.memory_bytes == ceiling.memory_bytes;
+        if same {
+            text.push_str(" timeout_s, cpu_time_s and memory_mb may ask for less; leave them out (or null) otherwise.");
+        } else {
+            let _ = write!(
+                text,
+                " timeout_s, cpu_time_s and memory_mb may ask for other limits up to {} s, {} s and {} MiB; leave \
+                 them out (or null) for the defaults.",
+                ceiling.wall_time.as_secs_f64(),
+                ceiling.cpu_time.as_secs_f64(),
+                ceiling.memory_bytes >> 20,
+            );
+        }
+        if settings.files.files().is_empty() {
             text.push_str(" /work starts empty.");
         } else {
             let files: Vec<String> =
-                settings.files.iter().map(|f| format!("{} ({} bytes)", f.path, f.data.len())).collect();
+                settings.files.files().iter().map(|(path, data)| format!("{path} ({} bytes)", data.len())).collect();
             let _ = write!(text, " Files waiting in /work: {}.", files.join(", "));
         }
-        text.push_str(
+        let _ = write!(
+            text,
             " Nothing persists between calls: each starts from those files. To get a file back, write it under \
-             /work and name it in `outputs`.",
+             /work and name it in `outputs`. A result holds about {} KiB: longer output is cut, and files and \
+             figures past that come back as resource links.",
+            settings.mcp_result_bytes >> 10
         );
         text
     }
 
-    fn input_schema(&self, language: Language) -> Arc<JsonObject> {
-        let ceiling = &self.engine.settings().ceiling.limits;
-        let code = match language {
+    /// The input schema: `code` and `outputs`, and the limits a call may
+    /// set, each exactly as [`PolicySpec::schema_within`] the ceiling
+    /// states it. Every optional field is nullable, so that an agent SDK's
+    /// strict mode (every field required) leaves the model `null` to say
+    /// "the default".
+    pub fn input_schema(&self, language: Language) -> Arc<JsonObject> {
+        let mut schema = schema_of::<ToolCode>();
+        schema["properties"]["code"]["description"] = json!(match language {
             Language::Python => "The Python code. The value of the last expression is returned.",
             Language::Sh => "The shell script, run by /bin/sh.",
-        };
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": code},
-                "outputs": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "Files under /work to return after the run, e.g. [\"/work/out.csv\"]."
-                },
-                "timeout_s": {
-                    "type": "number", "exclusiveMinimum": 0, "maximum": ceiling.wall_time.as_secs_f64(),
-                    "description": "A lower wall-time limit, in seconds."
-                },
-                "cpu_time_s": {
-                    "type": "number", "exclusiveMinimum": 0, "maximum": ceiling.cpu_time.as_secs_f64(),
-                    "description": "A lower CPU-time limit, in seconds."
-                },
-                "memory_mb": {
-                    "type": "integer", "minimum": 16, "maximum": ceiling.memory_bytes >> 20,
-                    "description": "A lower memory limit, in MiB."
-                }
-            },
-            "required": ["code"],
-            "additionalProperties": false
         });
+        let policy = PolicySpec::schema_within(&self.engine.settings().ceiling);
+        for field in TOOL_LIMITS {
+            let mut property = policy["properties"][field].clone();
+            nullable(&mut property);
+            schema["properties"][field] = property;
+        }
+        let extras = &self.engine.settings().ceiling.with_packages;
+        if !extras.is_empty() {
+            // Offered only when the operator allows some, and then only those.
+            schema["properties"][WITH_PACKAGES] = json!({
+                "type": ["array", "null"],
+                "items": {"type": "string", "enum": extras},
+                "description": "Extra packages to install for this call, from the operator's vetted set (no network is opened); null for none."
+            });
+        }
+        if let Some(map) = schema.as_object_mut() {
+            map.remove("title");
+        }
         match schema {
-            serde_json::Value::Object(map) => Arc::new(map),
+            Value::Object(map) => Arc::new(map),
             _ => Arc::new(JsonObject::new()),
         }
     }
@@ -166,7 +209,8 @@ impl McpServer {
     async fn call(
         &self,
         request: CallToolRequestParams,
-        principal: Option<String>,
+        caller: Option<Caller>,
+        cancel: CancellationToken,
     ) -> Result<CallToolResult, ErrorData> {
         let language = match request.name.as_ref() {
             PYTHON_TOOL => Language::Python,
@@ -178,40 +222,296 @@ impl McpServer {
                 ));
             }
         };
-        let arguments = serde_json::Value::Object(request.arguments.unwrap_or_default());
-        let args: ToolArgs = match serde_json::from_value(arguments) {
-            Ok(args) => args,
-            Err(error) => return Ok(refusal(&format!("the arguments are not usable: {error}"))),
+        let schema = Value::Object((*self.input_schema(language)).clone());
+        let mut arguments = request.arguments.unwrap_or_default();
+        let limits: serde_json::Map<String, Value> = TOOL_LIMITS
+            .iter()
+            .chain(std::iter::once(&WITH_PACKAGES))
+            .filter_map(|field| arguments.get(*field).map(|v| ((*field).to_owned(), v.clone())))
+            .collect();
+        if let Err(error) = airlock::validate(&schema, &Value::Object(arguments.clone())) {
+            return Ok(refusal(&format!("the arguments are not usable: {error}")));
+        }
+        TOOL_LIMITS.iter().chain(std::iter::once(&WITH_PACKAGES)).for_each(|field| {
+            arguments.remove(*field);
+        });
+        let code: ToolCode = match read_value(Value::Object(arguments), &Value::Bool(true)) {
+            Ok(code) => code,
+            Err(error) => return Ok(refusal(&format!("the arguments are not usable: {}", error.message))),
+        };
+        let policy: PolicySpec = match read_value(Value::Object(limits), &Value::Bool(true)) {
+            Ok(policy) => policy,
+            Err(error) => return Ok(refusal(&format!("the arguments are not usable: {}", error.message))),
         };
         let job = RunJob {
-            code: args.code,
+            code: code.code,
             language,
-            outputs: args.outputs,
-            policy: PolicySpec {
-                timeout_s: args.timeout_s,
-                cpu_time_s: args.cpu_time_s,
-                memory_mb: args.memory_mb,
-                ..PolicySpec::default()
-            },
+            outputs: code.outputs.unwrap_or_default(),
+            policy,
             ..RunJob::default()
         };
-        match self.engine.run(job, principal).await {
-            Ok(record) => Ok(tool_result(&record)),
+        let principal = caller.map(|caller| caller.name).or_else(|| self.principal.clone());
+        match self.engine.run_cancellable(job, principal, cancel).await {
+            Ok(record) => Ok(self.tool_result(&record)),
             Err(RunError::BadRequest { field, message }) => {
-                Ok(refusal(&format!("{}: {message}", field.strip_prefix("policy.").unwrap_or(&field))))
+                let field = field.strip_prefix("policy.").unwrap_or(&field);
+                Ok(refusal(&if field.is_empty() { message } else { format!("{field}: {message}") }))
+            }
+            Err(RunError::Stopped { why, record, .. }) => {
+                let mut result = self.tool_result(&record);
+                let note = match why {
+                    StopReason::Shutdown => "The server is shutting down and stopped this run; try again later.",
+                    StopReason::Cancelled => "The run was cancelled.",
+                };
+                result.content.insert(0, ContentBlock::text(note));
+                result.is_error = Some(true);
+                Ok(result)
             }
             Err(error) => Ok(refusal(&error.to_string())),
         }
     }
+
+    /// A run's result, within the operator's byte budget (see the module's doc).
+    pub fn tool_result(&self, record: &RunRecord) -> CallToolResult {
+        let budget = self.engine.settings().mcp_result_bytes;
+        let view = model_view(record);
+        let report = report_within(&view, budget / 4);
+        let mut spent = report.len() * 2;
+        let mut content = vec![ContentBlock::text(report.clone())];
+        let mut notes = Vec::new();
+        let mut figures = Vec::new();
+        for (index, figure) in record.figures.iter().enumerate() {
+            let uri = format!("airlock://runs/{}/figures/{index}", record.id);
+            figures.push(json!({"name": figure.name, "width": figure.width, "height": figure.height, "uri": uri}));
+            match &figure.png_base64 {
+                Some(png) if spent + png.len() <= budget => {
+                    spent += png.len();
+                    content.push(ContentBlock::image(png.clone(), "image/png"));
+                }
+                _ => content.push(link(&uri, &figure.name, "image/png", figure.bytes)),
+            }
+        }
+        for result in &record.results {
+            for mime in airlock::DisplayResult::BINARY_TYPES {
+                let Some(data) = result.data.get(mime) else { continue };
+                if spent + data.len() <= budget {
+                    spent += data.len();
+                    content.push(ContentBlock::image(data.clone(), mime));
+                } else {
+                    notes.push(format!("a {mime} of a rich result was left out: it would pass this result's size"));
+                }
+            }
+        }
+        let mut artifacts = Vec::new();
+        for (index, artifact) in record.artifacts.iter().enumerate() {
+            let uri = format!("airlock://runs/{}/artifacts/{index}", record.id);
+            artifacts.push(json!({
+                "path": artifact.path, "bytes": artifact.bytes, "sha256": artifact.sha256,
+                "uri": artifact.error.is_none().then_some(&uri), "error": artifact.error,
+            }));
+            let data = artifact
+                .content_base64
+                .as_deref()
+                .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64.as_bytes()).ok());
+            let Some(data) = data else { continue };
+            let mime = mime_type(&artifact.path);
+            match std::str::from_utf8(&data) {
+                Ok(text) if data.len() <= INLINE_TEXT_CAP && !text.contains('\0') && spent + data.len() <= budget => {
+                    spent += data.len();
+                    content.push(ContentBlock::text(format!("── {} ──\n{text}", artifact.path)));
+                }
+                _ if data.len().div_ceil(3) * 4 + spent <= budget => {
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
+                    spent += b64.len();
+                    content.push(ContentBlock::resource(ResourceContents::blob(b64, uri.clone()).with_mime_type(mime)));
+                }
+                _ => {
+                    content.push(link(&uri, &artifact.path, mime, data.len() as u64));
+                    if self.over_http {
+                        notes.push(format!(
+                            "{} ({} bytes) is linked, not included: GET /v1/runs/{}/artifacts/{index}",
+                            artifact.path,
+                            data.len(),
+                            record.id
+                        ));
+                    }
+                }
+            }
+        }
+        if !notes.is_empty() {
+            content.push(ContentBlock::text(notes.join("\n")));
+        }
+        let error = view.error.as_ref().map(|e| json!({"type": e.kind, "message": e.message, "line": e.line}));
+        let summary = json!({
+            "run_id": record.id,
+            "status": record.status,
+            "limit": record.stopping_limit(),
+            "exit_code": record.exit_code,
+            "value": view.value.as_deref().map(|v| cut(v, 4096)),
+            "error": error,
+            "report": report,
+            "figures": figures,
+            "artifacts": artifacts,
+            "record": format!("airlock://runs/{}/record", record.id),
+        });
+        let mut result = if record.ok() { CallToolResult::success(content) } else { CallToolResult::error(content) };
+        result.structured_content = Some(summary);
+        result
+    }
+
+    /// Who is asking, for `resources/read`: the token's caller over HTTP,
+    /// else the stdio server's principal.
+    fn may_read(&self, caller: Option<&Caller>, principal: Option<&str>) -> bool {
+        match caller {
+            Some(caller) => caller.see_all_runs || principal == Some(caller.name.as_str()),
+            None => principal == self.principal.as_deref(),
+        }
+    }
+
+    async fn read(&self, uri: &str, caller: Option<Caller>) -> Result<ReadResourceResult, ErrorData> {
+        let not_found = || ErrorData::resource_not_found(format!("there is no resource {uri:?}"), None);
+        let (base, offset) = match uri.split_once("?offset=") {
+            Some((base, offset)) => (base, offset.parse::<usize>().map_err(|_| not_found())?),
+            None => (uri, 0),
+        };
+        let rest = base.strip_prefix("airlock://runs/").ok_or_else(not_found)?;
+        let (id, what) = rest.split_once('/').ok_or_else(not_found)?;
+        let store = self.engine.audit().clone();
+        let lookup = id.to_owned();
+        let run = tokio::task::spawn_blocking(move || store.get(&lookup))
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
+            .filter(|run| self.may_read(caller.as_ref(), run.entry.principal.as_deref()))
+            .ok_or_else(not_found)?;
+        let record = &run.record;
+        let (sha256, mime) = match what.split_once('/') {
+            None if what == "record" => {
+                let text = serde_json::to_string_pretty(record).unwrap_or_default();
+                return Ok(ReadResourceResult::new(vec![
+                    ResourceContents::text(text, uri).with_mime_type("application/json"),
+                ]));
+            }
+            Some(("artifacts", index)) => {
+                let artifact =
+                    index.parse::<usize>().ok().and_then(|i| record.artifacts.get(i)).ok_or_else(not_found)?;
+                (artifact.sha256.clone().ok_or_else(not_found)?, mime_type(&artifact.path))
+            }
+            Some(("figures", index)) => {
+                let figure = index.parse::<usize>().ok().and_then(|i| record.figures.get(i)).ok_or_else(not_found)?;
+                (figure.sha256.clone(), "image/png")
+            }
+            _ => return Err(not_found()),
+        };
+        let data = self.engine.artifacts().get(&sha256).ok_or_else(|| {
+            ErrorData::resource_not_found(format!("{uri} is no longer kept (the store keeps the newest only)"), None)
+        })?;
+        let start = offset.min(data.len());
+        let end = (start + READ_CHUNK).min(data.len());
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&data[start..end]);
+        let mut contents = vec![ResourceContents::blob(b64, uri).with_mime_type(mime)];
+        if end < data.len() || start > 0 {
+            let mut note = format!("bytes {start} to {end} of {}", data.len());
+            if end < data.len() {
+                let _ = write!(note, "; the rest from {base}?offset={end}");
+            }
+            if self.over_http {
+                let _ = write!(note, "; all of it at once: GET /v1/runs/{id}/{what}");
+            }
+            contents.push(ResourceContents::text(note, uri).with_mime_type("text/plain"));
+        }
+        Ok(ReadResourceResult::new(contents))
+    }
+}
+
+/// The record as a model should read it: without advice meant for
+/// whoever runs airlock (a model cannot build images).
+fn model_view(record: &RunRecord) -> RunRecord {
+    let mut view = record.without_contents();
+    if let Some(error) = view.error.as_mut() {
+        error.message = airlock::without_operator_advice(&error.message).to_owned();
+    }
+    view
+}
+
+/// The readable report of `record` in at most about `max` bytes: stdout,
+/// stderr, the value and display texts are cut first, each saying so and
+/// where the whole of it is.
+fn report_within(record: &RunRecord, max: usize) -> String {
+    let full = airlock::report::render(record);
+    if full.len() <= max {
+        return full;
+    }
+    let whole = format!("airlock://runs/{}/record", record.id);
+    let mut cut_record = record.clone();
+    let mut empty = record.clone();
+    empty.stdout.clear();
+    empty.stderr.clear();
+    empty.value = empty.value.as_ref().map(|_| String::new());
+    for result in &mut empty.results {
+        result.data.clear();
+    }
+    let rest = airlock::report::render(&empty).len() + 400;
+    let share = max.saturating_sub(rest) / 4;
+    let note = |name: &str, text: &str| {
+        format!(
+            "{}\n[… {name} cut at {share} of {} bytes for this result; all of it: {whole}]\n",
+            cut(text, share),
+            text.len()
+        )
+    };
+    if cut_record.stdout.len() > share {
+        cut_record.stdout = note("stdout", &record.stdout);
+    }
+    if cut_record.stderr.len() > share {
+        cut_record.stderr = note("stderr", &record.stderr);
+    }
+    if let Some(value) = &record.value
+        && value.len() > share
+    {
+        cut_record.value = Some(note("value", value));
+    }
+    for result in &mut cut_record.results {
+        if let Some(text) = result.data.get_mut("text/plain")
+            && text.len() > share
+        {
+            *text = note("display", text);
+        }
+    }
+    let report = airlock::report::render(&cut_record);
+    if report.len() <= max {
+        report
+    } else {
+        format!("{}\n[… the report was cut at {max} bytes for this result; all of it: {whole}]\n", cut(&report, max))
+    }
+}
+
+/// The first `max` bytes of `text`, cut at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+fn link(uri: &str, name: &str, mime: &str, size: u64) -> ContentBlock {
+    ContentBlock::resource_link(
+        Resource::new(uri, name)
+            .with_mime_type(mime)
+            .with_size(size)
+            .with_description("left out of this result for its size; read it with resources/read"),
+    )
 }
 
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().build())
             .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "airlock runs code in a disposable sandbox. Use run_python for analysis (pandas, numpy, \
-                 matplotlib figures come back as images) and run_shell for shell commands.",
+                 matplotlib figures come back as images) and run_shell for shell commands. Files and figures too \
+                 big for a result come back as airlock:// resource links; read them with resources/read.",
             )
     }
 
@@ -232,71 +532,36 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        // Over HTTP the bearer token's name, put there by the auth layer.
-        let principal = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<Caller>())
-            .map(|caller| caller.name.clone())
-            .or_else(|| self.principal.clone());
-        self.call(request, principal).await.map(CallToolResponse::from)
+        // `notifications/cancelled` cancels `context.ct`: the run is killed and its slot freed.
+        self.call(request, caller(&context), context.ct.clone()).await.map(CallToolResponse::from)
     }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        // Resources are the links results hand out; there is no catalogue.
+        Ok(ListResourcesResult::default())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        self.read(&request.uri, caller(&context)).await.map(ReadResourceResponse::from)
+    }
+}
+
+/// Over HTTP, the bearer token's caller, put there by the auth layer.
+fn caller(context: &RequestContext<RoleServer>) -> Option<Caller> {
+    context.extensions.get::<axum::http::request::Parts>().and_then(|parts| parts.extensions.get::<Caller>()).cloned()
 }
 
 /// A tool result for a call that did not run: the reason, as an error.
 fn refusal(message: &str) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(format!("The code was not run: {message}"))])
-}
-
-/// The result of a run: the readable report, one image per figure, the
-/// artefacts (small text inline, others embedded within a cap), and the
-/// record as structured content. A run that did not end `ok` is an error.
-pub fn tool_result(record: &RunRecord) -> CallToolResult {
-    let mut report = airlock::report::render(record);
-    let mut content = Vec::new();
-    let mut embedded = 0usize;
-    let mut artefacts = Vec::new();
-    for artifact in &record.artifacts {
-        let Some(data) = artifact
-            .content_base64
-            .as_deref()
-            .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64.as_bytes()).ok())
-        else {
-            continue;
-        };
-        let uri = format!("file://{}", artifact.path);
-        match std::str::from_utf8(&data) {
-            Ok(text) if data.len() <= INLINE_TEXT_CAP && !text.contains('\0') => {
-                artefacts.push(ContentBlock::text(format!("── {} ──\n{text}", artifact.path)));
-            }
-            _ if embedded + data.len() <= EMBEDDED_CAP => {
-                embedded += data.len();
-                let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
-                let mime = mime_type(&artifact.path);
-                artefacts.push(ContentBlock::resource(ResourceContents::blob(b64, uri).with_mime_type(mime)));
-            }
-            _ => {
-                let _ = writeln!(
-                    report,
-                    "{} ({} bytes, sha256 {}) is not returned: the results would pass the {} MiB cap",
-                    artifact.path,
-                    data.len(),
-                    artifact.sha256.as_deref().unwrap_or("?"),
-                    EMBEDDED_CAP >> 20
-                );
-            }
-        }
-    }
-    content.push(ContentBlock::text(report));
-    for figure in &record.figures {
-        if let Some(png) = &figure.png_base64 {
-            content.push(ContentBlock::image(png.clone(), "image/png"));
-        }
-    }
-    content.extend(artefacts);
-    let mut result = if record.ok() { CallToolResult::success(content) } else { CallToolResult::error(content) };
-    result.structured_content = serde_json::to_value(record.without_contents()).ok();
-    result
 }
 
 fn mime_type(path: &str) -> &'static str {
@@ -308,6 +573,7 @@ fn mime_type(path: &str) -> &'static str {
         Some("pdf") => "application/pdf",
         Some("json") => "application/json",
         Some("csv") => "text/csv",
+        Some("txt" | "md" | "log") => "text/plain",
         Some("parquet") => "application/vnd.apache.parquet",
         Some("zip") => "application/zip",
         _ => "application/octet-stream",
@@ -324,7 +590,11 @@ pub fn http_service(
     // DNS rebinding; here every request needs a bearer token a browser page
     // does not have, and the check would refuse every non-loopback deployment.
     let config = StreamableHttpServerConfig::default().with_cancellation_token(shutdown).disable_allowed_hosts();
-    StreamableHttpService::new(move || Ok(McpServer::new(engine.clone(), None)), Default::default(), config)
+    StreamableHttpService::new(
+        move || Ok(McpServer { engine: engine.clone(), principal: None, over_http: true }),
+        Default::default(),
+        config,
+    )
 }
 
 /// Serves MCP on standard input and output until the client goes away.

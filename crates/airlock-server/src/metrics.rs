@@ -66,6 +66,13 @@ impl Metrics {
         self.audit_failures.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The mean wall time of the runs finished so far, if any.
+    pub fn mean_run_time(&self) -> Option<std::time::Duration> {
+        let count = self.duration_count.load(Ordering::Relaxed);
+        let sum = self.duration_sum_ms.load(Ordering::Relaxed);
+        (count > 0).then(|| std::time::Duration::from_millis(sum / count))
+    }
+
     /// Runs finished with `status` so far.
     pub fn runs(&self, status: Status) -> u64 {
         Status::ALL.iter().position(|s| *s == status).map_or(0, |i| self.runs_by_status[i].load(Ordering::Relaxed))

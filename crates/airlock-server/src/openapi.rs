@@ -1,23 +1,28 @@
-//! The OpenAPI 3.1 document served at `/openapi.json`, written by hand. A
-//! test keeps it true: every route in it answers, every route answers in
-//! it, and every field of every body is in it, with its type, and nothing
-//! else is (`additionalProperties: false`).
+//! The OpenAPI 3.1 document served at `/openapi.json`, made from the same
+//! types the server reads and writes: the request schemas are the ones the
+//! server checks bodies against ([`crate::request::run_body_schema`], the
+//! policy narrowed to this operator's ceiling), the record's is derived from
+//! [`airlock::RunRecord`]. Only the audit trail's answers are written here by
+//! hand, and a test keeps them true. Every route in it answers, every route
+//! answers in it, with the statuses it lists.
 
-use airlock::{Language, Layer, Limit, OutputOverflow, Status};
+use airlock::schema::{output_schema_of, schema_of};
+use airlock::{PolicySpec, RunRecord, Status};
 use serde_json::{Map, Value, json};
 
-use crate::engine::RETRY_AFTER;
+use crate::engine::{Engine, RETRY_AFTER_MAX, RETRY_AFTER_MIN};
+use crate::request::FileBody;
 
-/// The document.
-pub fn document() -> Value {
+/// The document, for the server `engine` runs.
+pub fn document(engine: &Engine) -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {
             "title": "airlock",
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Run code a language model wrote in a disposable sandbox. Every run is recorded in a \
-                hash-chained audit store. A request may lower the operator's limits but never raise one past its \
-                ceiling, nor allow a host the operator did not allow."
+                hash-chained audit store. A request may ask for limits up to the operator's ceiling (the maxima \
+                below are this server's), and hosts among those the operator allows."
         },
         "security": [{"bearer": []}],
         "paths": {
@@ -28,13 +33,15 @@ pub fn document() -> Value {
                     "requestBody": {"required": true, "content": json_content("RunBody")},
                     "responses": responses(&[
                         ("200", "The run's record, with artefacts and figures inline", Some("RunRecord")),
-                        ("400", "Bad JSON, an unknown field, a wrong type, or a limit above the ceiling (the field is named)", Some("ErrorBody")),
-                        ("401", "No token, a wrong token, or a malformed Authorization header", Some("ErrorBody")),
+                        ("400", "A body that does not fit the schema (the field is named), or files past a cap", Some("ErrorBody")),
+                        ("401", "No token, or one that is not valid here", Some("ErrorBody")),
+                        ("409", "The run was cancelled (its record is in the audit store; `run_id`)", Some("ErrorBody")),
                         ("413", "The body is above the server's cap", Some("ErrorBody")),
                         ("415", "The body is not JSON", Some("ErrorBody")),
                         ("429", "Every slot and the queue are full; see Retry-After", Some("ErrorBody")),
                         ("500", "The sandbox could not be made, or the run could not be recorded", Some("ErrorBody")),
-                        ("503", "The server is shutting down", Some("ErrorBody")),
+                        ("503", "The server is shutting down: no new runs, and a run still going at the end of \
+                            the grace period is stopped (`stopped`, with its `run_id`)", Some("ErrorBody")),
                         ("507", "The run could not be recorded: the audit store's disk is full", Some("ErrorBody")),
                     ])
                 },
@@ -42,12 +49,12 @@ pub fn document() -> Value {
                     "summary": "List recorded runs, newest first",
                     "operationId": "listRuns",
                     "parameters": [
-                        query("status", json!({"$ref": "#/components/schemas/Status"}), "Only runs with this status"),
-                        query("since", json!({"type": "string"}), "Runs started at or after this RFC 3339 time or date"),
-                        query("until", json!({"type": "string"}), "Runs started before this RFC 3339 time or date"),
+                        query("status", json!({"type": "string", "enum": Status::ALL.iter().map(|s| s.name()).collect::<Vec<_>>()}), "Only runs with this status"),
+                        query("since", time_schema(), "Runs started at or after this RFC 3339 time or date"),
+                        query("until", time_schema(), "Runs started before this RFC 3339 time or date"),
                         query("principal", json!({"type": "string"}), "Runs of this token name (tokens that may see all runs)"),
                         query("limit", json!({"type": "integer", "minimum": 1, "maximum": 1000}), "Runs per page (50 when absent)"),
-                        query("cursor", json!({"type": "string"}), "The next_cursor of the previous page"),
+                        query("cursor", json!({"type": "string", "pattern": "^[1-9][0-9]{0,17}$"}), "The next_cursor of the previous page"),
                     ],
                     "responses": responses(&[
                         ("200", "One page of runs", Some("Page")),
@@ -59,11 +66,9 @@ pub fn document() -> Value {
             },
             "/v1/runs/{id}": {
                 "get": {
-                    "summary": "One recorded run, as stored (artefact and figure contents are not kept)",
+                    "summary": "One recorded run, as stored (artefact and figure contents are not kept in it)",
                     "operationId": "getRun",
-                    "parameters": [{
-                        "name": "id", "in": "path", "required": true, "schema": {"type": "string"}
-                    }],
+                    "parameters": [path_parameter("id", json!({"type": "string"}))],
                     "responses": responses(&[
                         ("200", "The stored run and its place in the chain", Some("StoredRun")),
                         ("401", "No valid token", Some("ErrorBody")),
@@ -71,12 +76,32 @@ pub fn document() -> Value {
                     ])
                 }
             },
+            "/v1/runs/{id}/artifacts/{index}": {
+                "get": {
+                    "summary": "One artefact of a run, whole: the index-th of its record's artifacts",
+                    "operationId": "getArtifact",
+                    "parameters": [
+                        path_parameter("id", json!({"type": "string"})),
+                        path_parameter("index", json!({"type": "integer", "minimum": 0, "maximum": 1000000})),
+                    ],
+                    "responses": {
+                        "200": {"description": "The artefact's bytes",
+                                "content": {"application/octet-stream": {"schema": {"type": "string", "contentMediaType": "application/octet-stream"}}}},
+                        "401": {"description": "No valid token", "content": json_content("ErrorBody")},
+                        "404": {"description": "No such run for this token, or no such artefact", "content": json_content("ErrorBody")},
+                        "410": {"description": "The artefact is no longer kept (the store keeps the newest)", "content": json_content("ErrorBody")}
+                    }
+                }
+            },
             "/healthz": {
                 "get": {
                     "summary": "Whether the server takes runs",
                     "operationId": "health",
                     "security": [],
-                    "responses": responses(&[("200", "Alive", Some("Health"))])
+                    "responses": responses(&[
+                        ("200", "Taking runs", Some("Health")),
+                        ("503", "Shutting down: taking no new runs, finishing the running ones", Some("Health")),
+                    ])
                 }
             },
             "/metrics": {
@@ -98,28 +123,78 @@ pub fn document() -> Value {
                     "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}
                 }
             },
-            "/mcp": {
-                "post": {
-                    "summary": "The Model Context Protocol over streamable HTTP: tools run_python and run_shell",
-                    "operationId": "mcp",
-                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object"}}}},
-                    "responses": {
-                        "200": {"description": "A JSON-RPC response, as JSON or an event stream",
-                                "content": {"application/json": {"schema": {"type": "object"}},
-                                            "text/event-stream": {"schema": {"type": "string"}}}},
-                        "401": {"description": "No valid token", "content": json_content("ErrorBody")},
-                        "413": {"description": "The body is above the server's cap", "content": json_content("ErrorBody")}
-                    }
-                }
-            }
+            "/mcp": mcp_paths(engine.settings().max_body_bytes),
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                 "description": "A token whose SHA-256 the operator listed in the config; runs are recorded under its name."}},
-            "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": format!("Seconds to wait ({})", RETRY_AFTER.as_secs())}},
-            "schemas": schemas()
+            "headers": {"Retry-After": {"schema": {"type": "integer", "minimum": RETRY_AFTER_MIN.as_secs(), "maximum": RETRY_AFTER_MAX.as_secs()},
+                "description": "Seconds to wait: the runs ahead at the mean run time so far"}},
+            "schemas": schemas(engine)
         }
     })
+}
+
+/// MCP over streamable HTTP: a JSON-RPC message in, a JSON-RPC answer (or
+/// an event stream) out. The transport's refusals are documented as it
+/// gives them: 400 for a message it cannot take (no session yet, a bad
+/// header), 404 for a session it does not know, 406 without `Accept:
+/// application/json, text/event-stream`.
+fn mcp_paths(cap: usize) -> Value {
+    let error = |description: &str| json!({"description": description, "content": json_content("ErrorBody")});
+    let refusals = |extra: &[(&str, &str)]| {
+        let mut map = Map::new();
+        map.insert("400".to_owned(), error("Not a message the MCP transport takes here (a request before initialize, a header that does not match the body)"));
+        map.insert("401".to_owned(), error("No valid token"));
+        map.insert("404".to_owned(), error("An MCP session this server does not know (or no longer)"));
+        for (code, description) in extra {
+            map.insert((*code).to_owned(), error(description));
+        }
+        map
+    };
+    let mut post = refusals(&[
+        ("406", "The request does not accept both application/json and text/event-stream"),
+        ("413", &format!("The body is above the server's cap of {cap} bytes")),
+        ("415", "The body is not JSON"),
+    ]);
+    post.insert("200".to_owned(), json!({"description": "A JSON-RPC answer, as JSON or an event stream",
+        "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}}}));
+    post.insert("202".to_owned(), json!({"description": "A notification or response, taken"}));
+    let mut get = refusals(&[
+        ("405", "This server opens no stream outside a request"),
+        ("406", "The request does not accept text/event-stream"),
+    ]);
+    get.insert(
+        "200".to_owned(),
+        json!({"description": "The session's event stream",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}}}),
+    );
+    let mut delete = refusals(&[]);
+    delete.insert("204".to_owned(), json!({"description": "The session is closed"}));
+    json!({
+        "post": {
+            "summary": "The Model Context Protocol over streamable HTTP: tools run_python and run_shell",
+            "operationId": "mcp",
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                "description": "A JSON-RPC 2.0 message of the Model Context Protocol",
+                "type": "object",
+                "properties": {"jsonrpc": {"const": "2.0"}, "method": {"type": "string"},
+                               "id": {"type": ["string", "integer"]}, "params": {"type": "object"}},
+                "required": ["jsonrpc"]
+            }}}},
+            "responses": post
+        },
+        "get": {"summary": "An MCP session's event stream", "operationId": "mcpStream", "responses": get},
+        "delete": {"summary": "Closes an MCP session (Mcp-Session-Id)", "operationId": "mcpClose", "responses": delete}
+    })
+}
+
+fn time_schema() -> Value {
+    json!({"type": "string", "anyOf": [{"format": "date-time"}, {"format": "date"}]})
+}
+
+fn path_parameter(name: &str, schema: Value) -> Value {
+    json!({"name": name, "in": "path", "required": true, "schema": schema})
 }
 
 fn json_content(schema: &str) -> Value {
@@ -129,14 +204,15 @@ fn json_content(schema: &str) -> Value {
 fn responses(list: &[(&str, &str, Option<&str>)]) -> Value {
     let mut map = Map::new();
     for (code, description, schema) in list {
+        let code = *code;
         let mut response = json!({"description": description});
         if let Some(schema) = schema {
             response["content"] = json_content(schema);
         }
-        if *code == "429" {
+        if code == "429" {
             response["headers"] = json!({"Retry-After": {"$ref": "#/components/headers/Retry-After"}});
         }
-        map.insert((*code).to_owned(), response);
+        map.insert(code.to_owned(), response);
     }
     Value::Object(map)
 }
@@ -172,72 +248,20 @@ fn array(items: Value) -> Value {
     json!({"type": "array", "items": items})
 }
 
-fn one_of_names(names: Vec<&str>) -> Value {
-    json!({"type": "string", "enum": names})
-}
-
-fn schemas() -> Value {
+/// The schemas: derived from the types the server reads and writes, but
+/// for the audit trail's answers.
+fn schemas(engine: &Engine) -> Value {
     let string = || t("string");
     let integer = || t("integer");
     let boolean = || t("boolean");
-    let number = || t("number");
-    let strings = || array(t("string"));
+    let status = || json!({"type": "string", "enum": Status::ALL.iter().map(|s| s.name()).collect::<Vec<_>>()});
+    let limits =
+        || array(json!({"type": "string", "enum": airlock::Limit::ALL.iter().map(|l| l.name()).collect::<Vec<_>>()}));
     json!({
-        "Status": one_of_names(Status::ALL.iter().map(|s| s.name()).collect()),
-        "Limit": one_of_names(Limit::ALL.iter().map(|l| l.name()).collect()),
-        "Language": one_of_names(vec![Language::Python.name(), Language::Sh.name()]),
-        "Layer": one_of_names(Layer::ALL.iter().map(|l| l.name()).collect()),
-        "OutputOverflow": one_of_names(vec![overflow_name(OutputOverflow::Truncate), overflow_name(OutputOverflow::Kill)]),
-        "PolicySpec": object(&[], &[
-            ("timeout_s", number()), ("cpu_time_s", number()), ("memory_mb", integer()), ("pids", integer()),
-            ("cpus", number()), ("disk_mb", integer()), ("disk_inodes", integer()), ("max_output_bytes", integer()),
-            ("on_output_limit", schema_ref("OutputOverflow")), ("max_file_bytes", integer()),
-            ("max_files_total_bytes", integer()), ("open_files", integer()),
-            ("env", json!({"type": "object", "additionalProperties": {"type": "string"}})),
-            ("allow_hosts", strings()), ("max_network_bytes_out", integer()), ("max_network_bytes_in", integer()),
-            ("max_connections", integer()), ("backend", string()), ("allow_degraded", strings()),
-        ]),
-        "FileBody": object(&[("path", string()), ("content_base64", string())], &[]),
-        "RunBody": object(&[("code", string())], &[
-            ("language", schema_ref("Language")), ("stdin_base64", string()),
-            ("files", array(schema_ref("FileBody"))), ("outputs", strings()), ("policy", schema_ref("PolicySpec")),
-        ]),
-        "InputRecord": object(&[("path", string()), ("bytes", integer()), ("sha256", string())], &[]),
-        "ArtifactRecord": object(&[("path", string())], &[
-            ("bytes", integer()), ("sha256", string()), ("saved_to", string()), ("content_base64", string()),
-            ("error", string()),
-        ]),
-        "FigureRecord": object(
-            &[("name", string()), ("width", integer()), ("height", integer()), ("bytes", integer()), ("sha256", string())],
-            &[("saved_to", string()), ("png_base64", string())],
-        ),
-        "ErrorInfo": object(&[("type", string()), ("message", string()), ("traceback", string())],
-            &[("line", integer()), ("column", integer())]),
-        "Usage": object(&[("wall_ms", integer())], &[("cpu_ms", integer()), ("peak_memory_bytes", integer())]),
-        "Isolation": object(&[("backend", string()), ("layers", array(schema_ref("Layer")))], &[
-            ("degraded", array(schema_ref("Layer"))),
-            ("details", json!({"type": "object", "additionalProperties": {"type": "string"}})),
-        ]),
-        "ImageRef": object(&[("name", string()), ("hash", string())], &[]),
-        "NetworkEvent": object(
-            &[("host", string()), ("port", integer()), ("verdict", one_of_names(vec!["allowed", "denied"])),
-              ("bytes_out", integer()), ("bytes_in", integer())],
-            &[("resolved", string()), ("reason", string())],
-        ),
-        "NetworkRecord": object(&[("allowed_hosts", strings()), ("connections", array(schema_ref("NetworkEvent")))], &[]),
-        "RunRecord": object(&[
-            ("schema_version", integer()), ("id", string()), ("started_at", string()), ("status", schema_ref("Status")),
-            ("limits_hit", array(schema_ref("Limit"))), ("exit_code", nullable("integer")), ("signal", nullable("integer")),
-            ("stdout", string()), ("stderr", string()), ("stdout_truncated", boolean()), ("stderr_truncated", boolean()),
-            ("code", string()), ("code_sha256", string()), ("language", schema_ref("Language")),
-            ("policy", schema_ref("PolicySpec")), ("inputs", array(schema_ref("InputRecord"))),
-            ("artifacts", array(schema_ref("ArtifactRecord"))), ("usage", schema_ref("Usage")),
-            ("isolation", schema_ref("Isolation")),
-        ], &[
-            ("message", string()), ("stdout_base64", string()), ("stderr_base64", string()),
-            ("figures", array(schema_ref("FigureRecord"))), ("value", string()), ("error", schema_ref("ErrorInfo")),
-            ("image", schema_ref("ImageRef")), ("network", schema_ref("NetworkRecord")),
-        ]),
+        "RunBody": engine.run_schema(),
+        "FileBody": schema_of::<FileBody>(),
+        "PolicySpec": PolicySpec::schema(),
+        "RunRecord": output_schema_of::<RunRecord>(),
         "AuditEntry": object(&[
             ("seq", integer()), ("run_id", string()), ("recorded_at", string()), ("principal", nullable("string")),
             ("prev_hash", string()), ("entry_hash", string()),
@@ -245,129 +269,79 @@ fn schemas() -> Value {
         "StoredRun": object(&[("entry", schema_ref("AuditEntry")), ("record", schema_ref("RunRecord")), ("hash_matches", boolean())], &[]),
         "RunSummary": object(&[
             ("seq", integer()), ("run_id", string()), ("started_at", string()), ("recorded_at", string()),
-            ("status", schema_ref("Status")), ("principal", nullable("string")),
-            ("language", json!({"oneOf": [schema_ref("Language"), {"type": "null"}]})),
+            ("status", status()), ("principal", nullable("string")),
+            ("language", json!({"type": ["string", "null"], "enum": ["python", "sh", null]})),
             ("code_sha256", nullable("string")), ("exit_code", nullable("integer")), ("wall_ms", nullable("integer")),
-            ("limits_hit", array(schema_ref("Limit"))),
+            ("limits_hit", limits()),
         ], &[]),
         "Page": object(&[("runs", array(schema_ref("RunSummary"))), ("next_cursor", nullable("string"))], &[]),
-        "ErrorDetail": object(&[("code", string()), ("message", string())], &[("field", string()), ("run_id", string())]),
-        "ErrorBody": object(&[("error", schema_ref("ErrorDetail"))], &[]),
-        "Health": object(&[("status", string()), ("sandboxes_active", integer()), ("queue_depth", integer())], &[]),
+        "ErrorDetail": output_schema_of::<crate::http::ErrorDetail>(),
+        "ErrorBody": {"type": "object", "properties": {"error": schema_ref("ErrorDetail")}, "required": ["error"], "additionalProperties": false},
+        "Health": output_schema_of::<crate::http::Health>(),
     })
 }
 
-fn overflow_name(overflow: OutputOverflow) -> &'static str {
-    match overflow {
-        OutputOverflow::Truncate => "truncate",
-        OutputOverflow::Kill => "kill",
-    }
+/// Checks `value` against the schema `name` of `document`'s components, as
+/// a client generated from the document reads it. Returns the first
+/// mismatch with its path.
+pub fn validate(document: &Value, name: &str, value: &Value) -> Result<(), String> {
+    let schema = document["components"]["schemas"].get(name).ok_or(format!("no schema {name}"))?;
+    airlock::schema::validate_in(document, schema, value).map_err(|violation| format!("$.{violation}"))
 }
 
-/// Checks `value` against the schema `name` of `document`'s components,
-/// the way a client generated from the document would read it: types,
-/// enums, required fields, and no field the schema does not list. Returns
-/// the first mismatch with its JSON path. `seen` collects every
-/// `Schema.field` met, so a test can tell that every documented field was
-/// exercised.
-pub fn validate(
-    document: &Value,
-    name: &str,
-    value: &Value,
-    seen: &mut std::collections::BTreeSet<String>,
-) -> Result<(), String> {
-    let schema = json!({"$ref": format!("#/components/schemas/{name}")});
-    check(document, &schema, value, "$", seen)
+/// Every `Schema.field` of `value` that the schema `name` lists, at any
+/// depth, followed through `$ref`s: what a body exercised of the document.
+pub fn fields_used(document: &Value, name: &str, value: &Value) -> std::collections::BTreeSet<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(schema) = document["components"]["schemas"].get(name) {
+        walk(document, name, schema, value, &mut seen);
+    }
+    seen
 }
 
-fn check(
-    document: &Value,
-    schema: &Value,
-    value: &Value,
-    at: &str,
-    seen: &mut std::collections::BTreeSet<String>,
-) -> Result<(), String> {
-    if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
-        let name = reference.strip_prefix("#/components/schemas/").ok_or(format!("{at}: odd $ref {reference}"))?;
-        let target = document["components"]["schemas"].get(name).ok_or(format!("{at}: no schema {name}"))?;
-        if let (Some(properties), Value::Object(fields)) = (target.get("properties"), value) {
-            for field in fields.keys() {
-                if properties.get(field).is_some() {
-                    seen.insert(format!("{name}.{field}"));
-                }
-            }
-        }
-        return check(document, target, value, at, seen);
-    }
-    if let Some(choices) = schema.get("oneOf").and_then(Value::as_array) {
-        let matching = choices.iter().filter(|choice| check(document, choice, value, at, seen).is_ok()).count();
-        return if matching == 1 { Ok(()) } else { Err(format!("{at}: matches {matching} of oneOf, not 1")) };
-    }
-    if let Some(kind) = schema.get("type") {
-        let kinds: Vec<&str> = match kind {
-            Value::String(kind) => vec![kind.as_str()],
-            Value::Array(kinds) => kinds.iter().filter_map(Value::as_str).collect(),
-            _ => return Err(format!("{at}: odd type in the schema")),
-        };
-        let actual = match value {
-            Value::Null => "null",
-            Value::Bool(_) => "boolean",
-            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-            Value::Number(_) => "number",
-            Value::String(_) => "string",
-            Value::Array(_) => "array",
-            Value::Object(_) => "object",
-        };
-        let fits = kinds.contains(&actual) || (actual == "integer" && kinds.contains(&"number"));
-        if !fits {
-            return Err(format!("{at}: is {actual}, the document says {}", kinds.join(" or ")));
-        }
-    }
-    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
-        && !allowed.contains(value)
+fn walk(document: &Value, name: &str, schema: &Value, value: &Value, seen: &mut std::collections::BTreeSet<String>) {
+    if let Some(target) =
+        schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix("#/components/schemas/"))
     {
-        return Err(format!("{at}: {value} is not one of {}", Value::Array(allowed.clone())));
+        if let Some(inner) = document["components"]["schemas"].get(target) {
+            walk(document, target, inner, value, seen);
+        }
+        return;
     }
     match value {
         Value::Object(fields) => {
-            let properties = schema.get("properties").and_then(Value::as_object);
-            for required in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
-                let required = required.as_str().unwrap_or_default();
-                if !fields.contains_key(required) {
-                    return Err(format!("{at}: lacks the required field {required}"));
-                }
-            }
             for (field, item) in fields {
-                let path = format!("{at}.{field}");
-                match (properties.and_then(|p| p.get(field)), schema.get("additionalProperties")) {
-                    (Some(property), _) => check(document, property, item, &path, seen)?,
-                    (None, Some(Value::Bool(false))) => {
-                        return Err(format!("{path}: the document does not list this field"));
-                    }
-                    (None, Some(extra @ Value::Object(_))) => check(document, extra, item, &path, seen)?,
-                    (None, _) => {}
+                if let Some(property) = schema.get("properties").and_then(|p| p.get(field)) {
+                    seen.insert(format!("{name}.{field}"));
+                    walk(document, &format!("{name}.{field}"), property, item, seen);
                 }
             }
         }
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
-                for (index, item) in items.iter().enumerate() {
-                    check(document, item_schema, item, &format!("{at}[{index}]"), seen)?;
+                for item in items {
+                    walk(document, name, item_schema, item, seen);
                 }
             }
         }
         _ => {}
     }
-    Ok(())
 }
 
-/// Every `Schema.field` the document lists for object schemas.
+/// Every `Schema.field` the document lists, at any depth of object schemas.
 pub fn documented_fields(document: &Value) -> std::collections::BTreeSet<String> {
+    fn collect(name: &str, schema: &Value, out: &mut std::collections::BTreeSet<String>) {
+        for (field, property) in schema.get("properties").and_then(Value::as_object).into_iter().flatten() {
+            out.insert(format!("{name}.{field}"));
+            collect(&format!("{name}.{field}"), property, out);
+        }
+        if let Some(items) = schema.get("items") {
+            collect(name, items, out);
+        }
+    }
     let mut fields = std::collections::BTreeSet::new();
     for (name, schema) in document["components"]["schemas"].as_object().into_iter().flatten() {
-        for field in schema.get("properties").and_then(Value::as_object).into_iter().flatten().map(|(f, _)| f) {
-            fields.insert(format!("{name}.{field}"));
-        }
+        collect(name, schema, &mut fields);
     }
     fields
 }
@@ -376,14 +350,29 @@ pub fn documented_fields(document: &Value) -> std::collections::BTreeSet<String>
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use airlock::audit::{AuditEntry, Page, RunSummary, StoredRun};
+    use std::sync::Arc;
+
+    use airlock::audit::{AuditEntry, AuditStore, Page, RunSummary, StoredRun};
     use airlock::{
-        ArtifactRecord, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, NetworkEvent, NetworkRecord,
-        NetworkVerdict, Policy, PolicySpec, RunRecord, Usage,
+        ArtifactRecord, DisplayResult, ErrorInfo, FigureRecord, HostFacts, ImageRef, InputRecord, Isolation, Language,
+        Layer, Limit, NetworkEvent, NetworkRecord, NetworkVerdict, Policy, PolicySpec, ResultKind, RunRecord, Runtime,
+        Usage,
     };
 
     use super::*;
-    use crate::http::{ErrorBody, ErrorDetail, FileBody, Health, RunBody};
+    use crate::config::{ServerConfig, Settings};
+    use crate::http::{ErrorBody, ErrorDetail, Health};
+    use crate::request::RunBody;
+
+    /// An engine on a config of `toml`, its stores in `dir`.
+    pub(crate) fn engine(toml: &str, dir: &std::path::Path) -> Engine {
+        let config: ServerConfig = toml::from_str(toml).unwrap();
+        let host = HostFacts { memory_bytes: 8 << 30, cpus: 2, pid_max: 32768, nr_open: 1 << 20 };
+        let settings = Settings::new(&config, host, Runtime::default(), dir.join("audit.sqlite3")).unwrap();
+        let audit = Arc::new(AuditStore::open(&settings.audit_db).unwrap());
+        let artifacts = crate::artifacts::ArtifactStore::open(dir.join("artifacts"), 1 << 20).unwrap();
+        Engine::new(settings, audit, artifacts)
+    }
 
     #[test]
     fn the_enumerations_are_named_as_serde_writes_them() {
@@ -397,7 +386,6 @@ mod tests {
         for status in Status::ALL {
             assert_eq!(serde_json::to_value(status).unwrap(), json!(status.name()));
         }
-        assert_eq!(serde_json::to_value(OutputOverflow::Kill).unwrap(), json!(overflow_name(OutputOverflow::Kill)));
     }
 
     /// A record with every field set.
@@ -442,6 +430,10 @@ mod tests {
                 png_base64: Some("AA==".into()),
             }],
             value: Some("1".into()),
+            results: vec![DisplayResult {
+                kind: ResultKind::Display,
+                data: BTreeMap::from([("text/plain".to_owned(), "1".to_owned())]),
+            }],
             error: Some(ErrorInfo {
                 kind: "ZeroDivisionError".into(),
                 message: "division by zero".into(),
@@ -449,7 +441,13 @@ mod tests {
                 line: Some(1),
                 column: Some(1),
             }),
-            usage: Usage { wall_ms: 1, cpu_ms: Some(1), peak_memory_bytes: Some(1) },
+            usage: Usage {
+                wall_ms: 1,
+                cpu_ms: Some(1),
+                peak_memory_bytes: Some(1),
+                image_ms: Some(1),
+                image_cached: Some(true),
+            },
             isolation: Isolation {
                 backend: "linux".into(),
                 layers: Layer::ALL.to_vec(),
@@ -472,6 +470,17 @@ mod tests {
         }
     }
 
+    /// What a request may ask of a server with the default ceiling.
+    fn request_spec() -> PolicySpec {
+        let mut spec = Policy::default().to_spec();
+        spec.env = Some(BTreeMap::from([("A".to_owned(), "b".to_owned())]));
+        spec.allow_hosts = Some(vec![]);
+        spec.allow_degraded = Some(vec![]);
+        // What the operator alone sets.
+        (spec.disk_mb, spec.disk_inodes, spec.max_file_bytes, spec.max_files_total_bytes) = (None, None, None, None);
+        spec
+    }
+
     fn full_spec() -> PolicySpec {
         let mut spec = Policy::default().to_spec();
         spec.allow_hosts = Some(vec!["example.com".into()]);
@@ -481,7 +490,8 @@ mod tests {
 
     #[test]
     fn every_field_of_every_body_is_documented_and_nothing_else() {
-        let document = document();
+        let dir = tempfile::tempdir().unwrap();
+        let document = document(&engine("", dir.path()));
         let mut seen = BTreeSet::new();
         let entry = AuditEntry {
             seq: 1,
@@ -507,6 +517,7 @@ mod tests {
         let bodies: Vec<(&str, Value)> = vec![
             ("RunRecord", serde_json::to_value(full_record()).unwrap()),
             ("PolicySpec", serde_json::to_value(full_spec()).unwrap()),
+            ("FileBody", json!({"path": "a", "content_base64": "AA=="})),
             (
                 "RunBody",
                 serde_json::to_value(RunBody {
@@ -515,7 +526,7 @@ mod tests {
                     stdin_base64: Some("AA==".into()),
                     files: vec![FileBody { path: "a".into(), content_base64: "AA==".into() }],
                     outputs: vec!["/work/b".into()],
-                    policy: full_spec(),
+                    policy: request_spec(),
                 })
                 .unwrap(),
             ),
@@ -546,7 +557,8 @@ mod tests {
             ),
         ];
         for (name, body) in &bodies {
-            validate(&document, name, body, &mut seen).unwrap_or_else(|e| panic!("{name}: {e}"));
+            validate(&document, name, body).unwrap_or_else(|e| panic!("{name}: {e}"));
+            seen.extend(fields_used(&document, name, body));
         }
         let undocumented_use: Vec<_> = documented_fields(&document).difference(&seen).cloned().collect();
         assert!(undocumented_use.is_empty(), "documented but never produced: {undocumented_use:?}");
@@ -554,25 +566,38 @@ mod tests {
 
     #[test]
     fn the_validator_catches_what_it_should() {
-        let document = document();
-        let mut seen = BTreeSet::new();
+        let dir = tempfile::tempdir().unwrap();
+        let document = document(&engine("", dir.path()));
         let mut record = serde_json::to_value(full_record()).unwrap();
         record["surprise"] = json!(1);
-        assert!(validate(&document, "RunRecord", &record, &mut seen).unwrap_err().contains("surprise"));
+        assert!(validate(&document, "RunRecord", &record).unwrap_err().contains("surprise"));
         let mut record = serde_json::to_value(full_record()).unwrap();
         record["status"] = json!("exploded");
-        assert!(validate(&document, "RunRecord", &record, &mut seen).is_err());
+        assert!(validate(&document, "RunRecord", &record).is_err());
         record["status"] = json!("ok");
         record["usage"]["wall_ms"] = json!("fast");
-        assert!(validate(&document, "RunRecord", &record, &mut seen).unwrap_err().contains("$.usage.wall_ms"));
+        assert!(validate(&document, "RunRecord", &record).unwrap_err().contains("$.usage.wall_ms"));
         let mut record = serde_json::to_value(full_record()).unwrap();
         record.as_object_mut().unwrap().remove("code");
-        assert!(validate(&document, "RunRecord", &record, &mut seen).unwrap_err().contains("code"));
+        assert!(validate(&document, "RunRecord", &record).unwrap_err().contains("code"));
+    }
+
+    #[test]
+    fn the_document_states_this_servers_ceiling() {
+        let dir = tempfile::tempdir().unwrap();
+        let document = document(&engine("[ceiling]\nmemory_mb = 1024\ntimeout_s = 60", dir.path()));
+        let policy = &document["components"]["schemas"]["RunBody"]["properties"]["policy"]["properties"];
+        assert_eq!(
+            (policy["memory_mb"]["maximum"].as_u64(), policy["timeout_s"]["maximum"].as_f64()),
+            (Some(1024), Some(60.0))
+        );
+        assert_eq!(policy["allow_hosts"]["maxItems"], 0, "no network allowed: no hosts may be named");
     }
 
     #[test]
     fn every_route_is_documented() {
-        let document = document();
+        let dir = tempfile::tempdir().unwrap();
+        let document = document(&engine("", dir.path()));
         let mut documented = BTreeSet::new();
         for (path, operations) in document["paths"].as_object().unwrap() {
             for method in operations.as_object().unwrap().keys() {

@@ -262,6 +262,10 @@ impl Instance for WasmInstance {
         files::read_beneath(&self.work_fd, path.relative(), max_bytes, &path.to_string())
     }
 
+    fn set_limits(&mut self, limits: airlock_policy::Limits) {
+        self.policy.limits = limits;
+    }
+
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
         if job.language == Language::Sh {
             return Err(SandboxError::Unsupported {
@@ -419,6 +423,7 @@ impl WasmInstance {
                 wall_ms: outcome.wall.as_millis() as u64,
                 cpu_ms: outcome.cpu.map(|d| d.as_millis() as u64),
                 peak_memory_bytes: outcome.peak_memory,
+                ..Usage::default()
             },
             isolation: self.isolation(),
             report,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::UNIX_EPOCH;
 
-use airlock_core::{Runtime, RuntimeMount};
+use airlock_core::{PYTHON_MOUNT, Runtime, RuntimeFile, RuntimeMount};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
@@ -27,6 +27,25 @@ pub struct Interpreter {
     pub prefix: PathBuf,
     /// `3.11.7`.
     pub version: String,
+    /// What the interpreter said about its platform: which wheels it takes.
+    #[serde(default)]
+    pub platform: Platform,
+}
+
+/// The facts wheel tags and environment markers are decided from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Platform {
+    /// `sys.implementation.name`: `cpython`, `pypy`.
+    pub implementation: String,
+    /// `platform.machine()`: `x86_64`, `aarch64`.
+    pub machine: String,
+    /// `glibc` or `musl`, or empty when unknown (only pure-Python and
+    /// `linux_*` wheels then fit).
+    pub libc: String,
+    /// `2.36`.
+    pub libc_version: String,
+    /// `sys.abiflags`: `t` for a free-threaded build.
+    pub abiflags: String,
 }
 
 impl Interpreter {
@@ -35,7 +54,8 @@ impl Interpreter {
         let found = find_program(program)?;
         let key = cache_key(&found);
         if let Some(cached) = key.as_ref().and_then(|k| load_cache().remove(k)) {
-            if cached.executable.is_file() && cached.base_prefix.is_dir() {
+            // An entry from before interpreters reported their platform is asked again.
+            if cached.executable.is_file() && cached.base_prefix.is_dir() && !cached.platform.machine.is_empty() {
                 return Ok(cached);
             }
         }
@@ -48,36 +68,136 @@ impl Interpreter {
         Ok(interpreter)
     }
 
-    /// A runtime that runs this interpreter as it is, with its own packages.
+    /// A runtime that runs this interpreter as it is, with its own packages
+    /// (and its venv's, when it is a venv's interpreter).
     pub fn runtime(&self) -> Runtime {
-        let mut mounts = Vec::new();
-        for dir in [&self.base_prefix, &self.prefix] {
-            if !dir.starts_with("/usr") && !mounts.iter().any(|m: &RuntimeMount| m.host == *dir) {
-                mounts.push(RuntimeMount::same_path(dir.clone()));
-            }
+        if self.prefix != self.base_prefix {
+            return self.venv_runtime(&self.prefix, Path::new(VENV_MOUNT));
         }
-        let bin = self.executable.parent().map(Path::to_path_buf).unwrap_or_default();
+        let (mounts, env) = self.installation();
+        let python = self.executable_inside();
         Runtime {
-            python: self.executable.clone(),
+            env: with_path(env, python.parent().unwrap_or(Path::new("/"))),
+            python,
             mounts,
-            env: runtime_env(&bin),
+            files: Vec::new(),
             image: None,
             tmp_seed: Vec::new(),
-            describe: format!("Python {} at {}, without an image", self.version, self.executable.display()),
+            describe: format!("Python {}, the host's, without an image", self.version),
         }
+    }
+
+    /// A runtime that runs `venv` (a venv of this interpreter, on the host)
+    /// at `at` inside: its folders mounted read-only, its `pyvenv.cfg` and
+    /// `bin/python` written anew to name the interpreter where it is inside.
+    /// The venv's own files name host paths, which the sandbox never shows.
+    pub(crate) fn venv_runtime(&self, venv: &Path, at: &Path) -> Runtime {
+        let (mut mounts, env) = self.installation();
+        let python = self.executable_inside();
+        let mut files = Vec::new();
+        let entries = fs::read_dir(venv).map(|e| e.flatten().collect::<Vec<_>>()).unwrap_or_default();
+        for entry in entries {
+            let name = entry.file_name();
+            let sandbox = at.join(&name);
+            let Ok(kind) = entry.file_type() else { continue };
+            if name == "bin" {
+                // The interpreter under the names a venv gives it; console
+                // scripts name the host's venv in their #! line and are left out.
+                let short = self.version.split('.').take(2).collect::<Vec<_>>().join(".");
+                for link in ["python".to_owned(), "python3".to_owned(), format!("python{short}")] {
+                    files.push(RuntimeFile::Link { sandbox: sandbox.join(link), target: python.clone() });
+                }
+            } else if name == "pyvenv.cfg" {
+                let host = fs::read_to_string(entry.path()).unwrap_or_default();
+                let system_site = host
+                    .lines()
+                    .filter_map(|l| l.split_once('='))
+                    .find(|(k, _)| k.trim() == "include-system-site-packages")
+                    .map_or("false", |(_, v)| v.trim());
+                let home = python.parent().unwrap_or(Path::new("/")).display().to_string();
+                let content = format!(
+                    "home = {home}\ninclude-system-site-packages = {system_site}\nversion = {}\n",
+                    self.version
+                );
+                files.push(RuntimeFile::Text { sandbox, content });
+            } else if kind.is_dir() {
+                mounts.push(RuntimeMount::read_only(entry.path(), sandbox));
+            } else if kind.is_symlink() {
+                // lib64 -> lib: relative links stay inside the venv.
+                if let Some(target) = fs::read_link(entry.path()).ok().filter(|t| t.is_relative()) {
+                    files.push(RuntimeFile::Link { sandbox, target });
+                }
+            }
+        }
+        let venv_python = at.join("bin/python");
+        Runtime {
+            env: with_path(env, &at.join("bin")),
+            python: venv_python,
+            mounts,
+            files,
+            image: None,
+            tmp_seed: Vec::new(),
+            describe: format!("Python {} in a venv", self.version),
+        }
+    }
+
+    /// Where the installation (`base_prefix`) is inside: the host's /usr is
+    /// bound as it is; any other installation at [`PYTHON_MOUNT`].
+    fn prefix_inside(&self) -> PathBuf {
+        if self.base_prefix.starts_with("/usr") { self.base_prefix.clone() } else { PathBuf::from(PYTHON_MOUNT) }
+    }
+
+    /// The interpreter's executable, as a path inside.
+    pub(crate) fn executable_inside(&self) -> PathBuf {
+        match self.executable.strip_prefix(&self.base_prefix) {
+            Ok(relative) => self.prefix_inside().join(relative),
+            // Outside its installation (unusual): it is bound beside it.
+            Err(_) if !self.executable.starts_with("/usr") => {
+                Path::new(PYTHON_BIN_MOUNT).join(self.executable.file_name().unwrap_or_default())
+            }
+            Err(_) => self.executable.clone(),
+        }
+    }
+
+    /// The mounts of the installation, and the variables it needs there.
+    fn installation(&self) -> (Vec<RuntimeMount>, BTreeMap<String, String>) {
+        let mut mounts = Vec::new();
+        let mut env = BTreeMap::new();
+        if !self.base_prefix.starts_with("/usr") {
+            mounts.push(RuntimeMount::read_only(self.base_prefix.clone(), PYTHON_MOUNT));
+            // A shared build finds libpython through a RUNPATH that names the
+            // host's prefix (pyenv's do): tell the loader where it is inside.
+            let short = self.version.split('.').take(2).collect::<Vec<_>>().join(".");
+            let lib = self.base_prefix.join("lib");
+            if lib.join(format!("libpython{short}.so.1.0")).exists()
+                || lib.join(format!("libpython{short}.so")).exists()
+            {
+                env.insert("LD_LIBRARY_PATH".to_owned(), format!("{PYTHON_MOUNT}/lib"));
+            }
+        }
+        if !self.executable.starts_with(&self.base_prefix) && !self.executable.starts_with("/usr") {
+            if let Some(dir) = self.executable.parent() {
+                mounts.push(RuntimeMount::read_only(dir.to_path_buf(), PYTHON_BIN_MOUNT));
+            }
+        }
+        (mounts, env)
     }
 }
 
-/// What a Python runtime adds to the base environment: its interpreter's
-/// folder first on PATH (so `python` works from shell code), and the
-/// variables that make matplotlib draw off-screen into airlock's driver.
-pub(crate) fn runtime_env(bin: &Path) -> BTreeMap<String, String> {
+/// Where an interpreter's own venv appears inside (`--python venv/bin/python`).
+pub const VENV_MOUNT: &str = "/opt/airlock/venv";
+/// Where an interpreter that lives outside its installation is bound.
+const PYTHON_BIN_MOUNT: &str = "/opt/airlock/python-bin";
+
+/// `env` and what every Python runtime adds to the base environment: `bin`
+/// first on PATH (so `python` works from shell code), and the variables that
+/// make matplotlib draw off-screen into airlock's driver.
+fn with_path(mut env: BTreeMap<String, String>, bin: &Path) -> BTreeMap<String, String> {
     let base_path = airlock_core::runtime::BASE_ENV.iter().find(|(k, _)| *k == "PATH").map_or("", |(_, v)| *v);
-    BTreeMap::from([
-        ("PATH".to_owned(), format!("{}:{base_path}", bin.display())),
-        ("MPLBACKEND".to_owned(), "module://airlock_inline_backend".to_owned()),
-        ("MPLCONFIGDIR".to_owned(), "/tmp/.config/matplotlib".to_owned()),
-    ])
+    env.insert("PATH".to_owned(), format!("{}:{base_path}", bin.display()));
+    env.insert("MPLBACKEND".to_owned(), "module://airlock_inline_backend".to_owned());
+    env.insert("MPLCONFIGDIR".to_owned(), "/tmp/.config/matplotlib".to_owned());
+    env
 }
 
 fn find_program(program: &str) -> Result<PathBuf, Error> {
@@ -103,9 +223,13 @@ fn cache_key(found: &Path) -> Option<String> {
     Some(format!("{}|{mtime}|{}|{pyenv}|{cwd}", found.display(), meta.len()))
 }
 
-const PROBE: &str = "import json, sys\n\
+const PROBE: &str = "import json, os, platform, sys\n\
+try:\n  libc = os.confstr('CS_GNU_LIBC_VERSION').split()\n\
+except (ValueError, OSError, AttributeError):\n  libc = []\n\
 print(json.dumps({'executable': sys.executable, 'base_prefix': sys.base_prefix, 'prefix': sys.prefix,\n\
-  'version': '%d.%d.%d' % sys.version_info[:3]}))";
+  'version': '%d.%d.%d' % sys.version_info[:3], 'implementation': sys.implementation.name,\n\
+  'machine': platform.machine(), 'libc': libc[0] if len(libc) == 2 else '',\n\
+  'libc_version': libc[1] if len(libc) == 2 else '', 'abiflags': getattr(sys, 'abiflags', '')}))";
 
 fn ask(found: &Path) -> Result<Interpreter, Error> {
     let fail = |reason: String| Error::Interpreter { program: found.display().to_string(), reason };
@@ -120,6 +244,11 @@ fn ask(found: &Path) -> Result<Interpreter, Error> {
         base_prefix: PathBuf,
         prefix: PathBuf,
         version: String,
+        implementation: String,
+        machine: String,
+        libc: String,
+        libc_version: String,
+        abiflags: String,
     }
     let answer: Answer = serde_json::from_slice(&output.stdout).map_err(|e| fail(format!("unexpected answer: {e}")))?;
     let real = |p: &Path| fs::canonicalize(p).map_err(|e| fail(format!("{}: {e}", p.display())));
@@ -131,6 +260,13 @@ fn ask(found: &Path) -> Result<Interpreter, Error> {
         base_prefix: real(&answer.base_prefix)?,
         prefix: real(&answer.prefix)?,
         version: answer.version,
+        platform: Platform {
+            implementation: answer.implementation,
+            machine: answer.machine,
+            libc: answer.libc,
+            libc_version: answer.libc_version,
+            abiflags: answer.abiflags,
+        },
     })
 }
 

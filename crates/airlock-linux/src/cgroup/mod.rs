@@ -24,18 +24,27 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CgroupLimits {
     pub memory_bytes: u64,
-    /// Processes and threads, including airlock's own two (helper and init).
+    /// Processes and threads, including airlock's own ([`AIRLOCK_PROCESSES`]).
     pub pids: u32,
     /// CPU bandwidth in CPUs.
     pub cpus: f64,
 }
 
-/// What a run's cgroup observed.
+/// Processes of airlock's own a run's cgroup counts, on top of the code's:
+/// the run's init. (The helper stays outside.)
+pub const AIRLOCK_PROCESSES: u32 = 1;
+
+/// What a run's cgroup observed: the kernel's own counters, which count a
+/// limit when it bites and which nothing in the run can reset.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CgroupStats {
     pub peak_memory_bytes: Option<u64>,
     /// Processes the kernel's OOM killer killed in the cgroup.
     pub oom_kills: u64,
+    /// Times the run's memory reached its limit (the kernel then reclaimed,
+    /// or killed, to stay under it): v2 `memory.events` max, v1
+    /// `memory.failcnt`.
+    pub memory_max_hits: u64,
     /// Times a fork or clone failed at the pids limit.
     pub pids_max_hits: u64,
     pub cpu_usage: Option<Duration>,
@@ -48,8 +57,16 @@ pub trait RunCgroup: Send {
     fn placement(&self) -> io::Result<Placement>;
     /// CPU time used so far by every process of the run.
     fn cpu_usage(&self) -> Option<Duration>;
+    /// Whether the run's socket buffers reached the memory cap where the
+    /// hierarchy counts them apart from the rest (cgroup v1); where it
+    /// counts them with the rest (v2), the OOM killer answers instead.
+    fn socket_memory_exhausted(&self) -> bool {
+        false
+    }
     fn stats(&self) -> CgroupStats;
-    /// Kills every process left in the cgroup.
+    /// The processes in the cgroup now (pids in this process's namespace).
+    fn processes(&self) -> Vec<i32>;
+    /// Kills every process in the cgroup, once, without waiting.
     fn kill_all(&self);
     /// Removes the cgroup; retries briefly while the kernel finishes tearing
     /// the processes down.
@@ -72,8 +89,9 @@ pub enum Placement {
     CloneInto(OwnedFd),
 }
 
-/// Child side (the helper, single-threaded): moves itself into the run's
-/// cgroup v1 hierarchies by writing "0" to each `tasks` file.
+/// Child side (the run's init and the code's process, each single-threaded
+/// at that point): moves itself into the run's cgroup v1 hierarchies by
+/// writing "0" to each `tasks` file.
 pub fn enter_self(tasks: &[OwnedFd]) -> Result<(), crate::protocol::Failure> {
     for fd in tasks {
         rustix::io::write(fd, b"0")
@@ -83,6 +101,16 @@ pub fn enter_self(tasks: &[OwnedFd]) -> Result<(), crate::protocol::Failure> {
 }
 
 pub use systemd::{HOLD_ARG, hold};
+
+/// Child side (the run's init, once inside the run's cgroup): a cgroup
+/// namespace of its own, which the code joins, so that the run sees its
+/// cgroup as `/` and nothing of the host's tree above it.
+pub fn own_namespace() -> Result<(), crate::protocol::Failure> {
+    // SAFETY: CLONE_NEWCGROUP unshares no descriptor table, nor anything else
+    // Rust holds; the init is single-threaded.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
+        .map_err(|e| crate::protocol::Failure::new("make the run's cgroup namespace", "", &e.into()))
+}
 
 /// Where runs' cgroups are made on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -230,16 +258,6 @@ impl Hierarchy {
             v2::check_controllers(parent, route.delegated())?;
         }
         Ok(())
-    }
-
-    /// Processes of airlock's own a run's cgroup counts, on top of the
-    /// code's: the helper (v1 only, where it enters the cgroup itself) and
-    /// the sandbox's init.
-    pub fn own_processes(&self) -> u32 {
-        match self {
-            Hierarchy::V1 { .. } => 2,
-            Hierarchy::V2 { .. } => 1,
-        }
     }
 
     /// "v1" or "v2".
@@ -390,20 +408,30 @@ fn process_start_time(pid: u32) -> Option<u64> {
     after.split(' ').nth(19)?.parse().ok()
 }
 
-/// SIGKILLs every process listed in `dir/cgroup.procs`.
+/// The processes listed in `dir/cgroup.procs`.
+fn list_procs(dir: &Path) -> Vec<i32> {
+    let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    procs.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// SIGKILLs every process listed in `dir/cgroup.procs`, once; returns
+/// whether there were any.
+fn kill_listed(dir: &Path) -> bool {
+    let pids = list_procs(dir);
+    for pid in &pids {
+        if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    !pids.is_empty()
+}
+
+/// SIGKILLs every process in `dir`, again while some remain (one may fork
+/// as the list is read), for a tenth of a second at most.
 fn kill_procs(dir: &Path) {
     for _ in 0..10 {
-        let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
+        if !kill_listed(dir) {
             return;
-        };
-        let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
-        if pids.is_empty() {
-            return;
-        }
-        for pid in pids {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    CgroupLimits, CgroupStats, Placement, RunCgroup, kill_procs, open_for_helper, read_key, read_u64,
-    remove_dir_retrying, write,
+    CgroupLimits, CgroupStats, Placement, RunCgroup, kill_listed, kill_procs, list_procs, open_for_helper, read_key,
+    read_u64, remove_dir_retrying, write,
 };
 
 /// The CFS period airlock uses for CPU quotas, in microseconds.
@@ -61,6 +61,15 @@ impl V1Cgroup {
             write(&memsw, limits.memory_bytes.to_string())?;
         }
         let _ = write(&cgroup.memory.join("memory.swappiness"), "0");
+        // Socket buffers: cgroup v1 counts them only once a TCP limit is set,
+        // and apart from memory.limit_in_bytes (v2 counts them with the rest).
+        // Without it a run queued hundreds of MiB in loopback TCP buffers
+        // under a 64 MiB cap. The same cap, and the supervisor stops a run
+        // that reaches it (`socket_memory_exhausted`), as v2's OOM killer would.
+        let tcp = cgroup.memory.join("memory.kmem.tcp.limit_in_bytes");
+        if tcp.exists() {
+            write(&tcp, limits.memory_bytes.to_string())?;
+        }
         write(&cgroup.pids.join("pids.max"), limits.pids.to_string())?;
         write(&cgroup.cpu.join("cpu.cfs_period_us"), CFS_PERIOD_US.to_string())?;
         let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
@@ -82,22 +91,40 @@ impl RunCgroup for V1Cgroup {
         read_u64(&self.cpuacct.as_ref()?.join("cpuacct.usage")).map(Duration::from_nanos)
     }
 
+    fn socket_memory_exhausted(&self) -> bool {
+        // failcnt is not kept for this counter by every kernel (6.x stopped);
+        // the peak reaching the limit says the same.
+        let read = |file: &str| read_u64(&self.memory.join(file));
+        read("memory.kmem.tcp.failcnt").is_some_and(|failures| failures > 0)
+            || matches!((read("memory.kmem.tcp.max_usage_in_bytes"), read("memory.kmem.tcp.limit_in_bytes")),
+                (Some(peak), Some(limit)) if peak >= limit)
+    }
+
     fn stats(&self) -> CgroupStats {
+        // Socket buffers are the run's memory too: the peak counts them.
+        let tcp = read_u64(&self.memory.join("memory.kmem.tcp.max_usage_in_bytes")).unwrap_or(0);
         CgroupStats {
-            peak_memory_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")),
+            peak_memory_bytes: read_u64(&self.memory.join("memory.max_usage_in_bytes")).map(|m| m + tcp),
             oom_kills: read_key(&self.memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
+            // memory+swap reaches its limit with memory (they are equal).
+            memory_max_hits: read_u64(&self.memory.join("memory.failcnt")).unwrap_or(0)
+                + read_u64(&self.memory.join("memory.memsw.failcnt")).unwrap_or(0),
             pids_max_hits: read_key(&self.pids.join("pids.events"), "max").unwrap_or(0),
             cpu_usage: self.cpu_usage(),
         }
     }
 
-    fn kill_all(&self) {
+    fn processes(&self) -> Vec<i32> {
         // Every process of the run is in each controller's cgroup; one list suffices.
-        kill_procs(&self.pids);
+        list_procs(&self.pids)
+    }
+
+    fn kill_all(&self) {
+        kill_listed(&self.pids);
     }
 
     fn remove(&mut self) -> io::Result<()> {
-        self.kill_all();
+        kill_procs(&self.pids);
         let mut first_error = Ok(());
         while let Some(dir) = self.made.pop() {
             if let Err(e) = remove_dir_retrying(&dir) {

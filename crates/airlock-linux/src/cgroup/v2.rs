@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    CONTROLLERS, CgroupLimits, CgroupStats, Placement, RunCgroup, kill_procs, open_for_helper, read_key, read_u64,
-    remove_dir_retrying, write,
+    CONTROLLERS, CgroupLimits, CgroupStats, Placement, RunCgroup, kill_listed, kill_procs, list_procs, open_for_helper,
+    read_key, read_u64, remove_dir_retrying, write,
 };
 
 const CPU_PERIOD_US: u64 = 100_000;
@@ -64,6 +64,19 @@ impl V2Cgroup {
     }
 }
 
+impl V2Cgroup {
+    /// cgroup.kill (Linux 5.14) kills every process at once, even ones
+    /// forking as we read the list; false on kernels without it. Opened
+    /// without O_CREAT: the file exists on every kernel that has it.
+    fn kill_at_once(&self) -> bool {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"1"))
+            .is_ok()
+    }
+}
+
 impl RunCgroup for V2Cgroup {
     fn placement(&self) -> io::Result<Placement> {
         open_for_helper(&self.dir, rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY).map(Placement::CloneInto)
@@ -78,21 +91,19 @@ impl RunCgroup for V2Cgroup {
             // memory.peak exists from Linux 5.19.
             peak_memory_bytes: read_u64(&self.dir.join("memory.peak")),
             oom_kills: read_key(&self.dir.join("memory.events"), "oom_kill").unwrap_or(0),
+            memory_max_hits: read_key(&self.dir.join("memory.events"), "max").unwrap_or(0),
             pids_max_hits: read_key(&self.dir.join("pids.events"), "max").unwrap_or(0),
             cpu_usage: self.cpu_usage(),
         }
     }
 
+    fn processes(&self) -> Vec<i32> {
+        list_procs(&self.dir)
+    }
+
     fn kill_all(&self) {
-        // cgroup.kill (Linux 5.14) kills every process at once, even ones
-        // forking as we read the list; the list is the fallback.
-        // Opened without O_CREAT: the file exists on every kernel that has it.
-        let killed = fs::OpenOptions::new()
-            .write(true)
-            .open(self.dir.join("cgroup.kill"))
-            .and_then(|mut f| std::io::Write::write_all(&mut f, b"1"));
-        if killed.is_err() {
-            kill_procs(&self.dir);
+        if !self.kill_at_once() {
+            kill_listed(&self.dir);
         }
     }
 
@@ -100,7 +111,9 @@ impl RunCgroup for V2Cgroup {
         if !self.made {
             return Ok(());
         }
-        self.kill_all();
+        if !self.kill_at_once() {
+            kill_procs(&self.dir);
+        }
         remove_dir_retrying(&self.dir)
             .map_err(|e| io::Error::new(e.kind(), format!("removing {}: {e}", self.dir.display())))?;
         self.made = false;
@@ -141,6 +154,7 @@ mod tests {
         let stats = cg.stats();
         assert_eq!(stats.peak_memory_bytes, Some(12345));
         assert_eq!(stats.oom_kills, 1);
+        assert_eq!(stats.memory_max_hits, 3);
         assert_eq!(stats.pids_max_hits, 2);
         assert_eq!(stats.cpu_usage, Some(Duration::from_micros(1500)));
         // A real cgroupfs removes its interface files itself; a plain directory does not.
