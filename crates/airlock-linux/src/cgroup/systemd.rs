@@ -165,8 +165,12 @@ fn start_transient_scope(address: &str, unit: &str, pid: u32) -> Result<(), Stri
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the D-Bus client: {e}"))?;
+        // The timeout is made inside the runtime: its timer needs the
+        // runtime's context from the moment it exists.
         runtime
-            .block_on(tokio::time::timeout(START_TIMEOUT, call_start_transient_unit(&address, &unit, pid)))
+            .block_on(async {
+                tokio::time::timeout(START_TIMEOUT, call_start_transient_unit(&address, &unit, pid)).await
+            })
             .map_err(|_| format!("no answer within {START_TIMEOUT:?}"))?
             .map_err(|e| e.to_string())
     })
@@ -245,4 +249,38 @@ fn prepare(dir: &Path, holder: u32, root: bool) -> Result<(), String> {
     write(&leaf.join("cgroup.procs"), holder.to_string()).map_err(|e| e.to_string())?;
     let request: Vec<String> = CONTROLLERS.iter().map(|c| format!("+{c}")).collect();
     write(&dir.join("cgroup.subtree_control"), request.join(" ")).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The D-Bus exchange ends in an answer, never a panic: a real bus
+    /// (dbus-daemon) without systemd behind it answers that no such service
+    /// exists. (The first run on a systemd host once panicked here, "no
+    /// reactor running".)
+    #[test]
+    fn a_bus_without_systemd_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("bus");
+        let address = format!("unix:path={}", socket.display());
+        let daemon = Command::new("dbus-daemon")
+            .args(["--session", "--nofork", "--nopidfile", &format!("--address={address}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let Ok(mut daemon) = daemon else {
+            panic!("dbus-daemon is needed for this test: apt-get install dbus-daemon");
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let outcome = start_transient_scope(&address, "airlock-test.scope", std::process::id());
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        let error = outcome.expect_err("no systemd on this bus, no scope");
+        assert!(!error.contains("panicked"), "{error}");
+        assert!(error.contains("systemd1"), "the answer names the missing service: {error}");
+    }
 }
