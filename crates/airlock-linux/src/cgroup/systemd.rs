@@ -17,6 +17,13 @@
 //! Inside the scope, the holder moves to a leaf of its own (`hold`): a
 //! cgroup with processes may not enable controllers for its children, the
 //! rule that keeps airlock out of the cgroup it was started in.
+//!
+//! An ordinary user's airlock moves into the scope too, beside the holder
+//! (as podman moves itself into a user scope): the kernel lets a process
+//! start a child in a cgroup (clone3's CLONE_INTO_CGROUP, which each run's
+//! helper does) only if it could write the `cgroup.procs` of the cgroup
+//! both have in common, and above the scope that is the user's slice, which
+//! is root's. Root may write anywhere, and stays where it was started.
 
 use std::fs;
 use std::os::fd::OwnedFd;
@@ -78,11 +85,12 @@ fn make_scope(mount: &Path, mount_root: &str, helper: Option<&Path>) -> Result<S
         }
         why
     };
-    start_transient_scope(&address, &unit, holder)
+    let members = if root { vec![holder] } else { vec![holder, std::process::id()] };
+    start_transient_scope(&address, &unit, &members)
         .map_err(|e| fail(format!("{manager} refused a delegated scope ({address}): {e}")))?;
-    let cgroup = wait_for_placement(holder, &unit).map_err(fail)?;
+    let cgroup = wait_for_placement(&members, &unit).map_err(fail)?;
     let dir = super::join_beneath(mount, mount_root, &cgroup).map_err(fail)?;
-    prepare(&dir, holder, root).map_err(fail)?;
+    prepare(&dir, &members, root).map_err(fail)?;
     Ok(Scope { dir, unit, user_manager: !root, _holder_pipe: pipe })
 }
 
@@ -154,12 +162,12 @@ pub fn hold() -> ! {
     }
 }
 
-/// Asks systemd for `unit`, a scope holding `pid`, delegated to us.
-fn start_transient_scope(address: &str, unit: &str, pid: u32) -> Result<(), String> {
+/// Asks systemd for `unit`, a scope holding `pids`, delegated to us.
+fn start_transient_scope(address: &str, unit: &str, pids: &[u32]) -> Result<(), String> {
     // On a thread of its own, with a runtime that ends with the exchange: a
     // runtime may not start on a thread that already drives one (a server's),
     // and none is left running in the supervisor afterwards.
-    let (address, unit) = (address.to_owned(), unit.to_owned());
+    let (address, unit, pids) = (address.to_owned(), unit.to_owned(), pids.to_vec());
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -169,7 +177,7 @@ fn start_transient_scope(address: &str, unit: &str, pid: u32) -> Result<(), Stri
         // runtime's context from the moment it exists.
         runtime
             .block_on(async {
-                tokio::time::timeout(START_TIMEOUT, call_start_transient_unit(&address, &unit, pid)).await
+                tokio::time::timeout(START_TIMEOUT, call_start_transient_unit(&address, &unit, pids)).await
             })
             .map_err(|_| format!("no answer within {START_TIMEOUT:?}"))?
             .map_err(|e| e.to_string())
@@ -178,12 +186,12 @@ fn start_transient_scope(address: &str, unit: &str, pid: u32) -> Result<(), Stri
     .map_err(|_| "the D-Bus client panicked".to_owned())?
 }
 
-async fn call_start_transient_unit(address: &str, unit: &str, pid: u32) -> zbus::Result<()> {
+async fn call_start_transient_unit(address: &str, unit: &str, pids: Vec<u32>) -> zbus::Result<()> {
     use zbus::zvariant::{OwnedObjectPath, Value};
     let connection = zbus::connection::Builder::address(address)?.build().await?;
     let properties: Vec<(&str, Value<'_>)> = vec![
         ("Description", Value::from(format!("airlock sandboxes of process {}", std::process::id()))),
-        ("PIDs", Value::from(vec![pid])),
+        ("PIDs", Value::from(pids)),
         ("Delegate", Value::from(true)),
         // Removed even if it ends failed, so no unit is left behind.
         ("CollectMode", Value::from("inactive-or-failed")),
@@ -202,30 +210,35 @@ async fn call_start_transient_unit(address: &str, unit: &str, pid: u32) -> zbus:
     Ok(())
 }
 
-/// Waits until systemd has moved the holder into its scope, and returns the
-/// scope's cgroup path. The start job moves it; watching where the holder
-/// is needs no signal subscription.
-fn wait_for_placement(holder: u32, unit: &str) -> Result<String, String> {
+/// Waits until systemd has moved every one of `members` into its scope, and
+/// returns the scope's cgroup path. The start job moves them; watching
+/// where they are needs no signal subscription.
+fn wait_for_placement(members: &[u32], unit: &str) -> Result<String, String> {
     let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let membership = fs::read_to_string(format!("/proc/{holder}/cgroup"))
-            .map_err(|e| format!("the scope's holder (pid {holder}) is gone: {e}"))?;
-        if let Some(path) = membership.lines().find_map(|l| l.strip_prefix("0::")) {
-            if path.ends_with(&format!("/{unit}")) {
-                return Ok(path.to_owned());
+    let mut placed = None;
+    for pid in members {
+        loop {
+            let membership = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .map_err(|e| format!("pid {pid}, to be placed in the scope, is gone: {e}"))?;
+            if let Some(path) = membership.lines().find_map(|l| l.strip_prefix("0::")) {
+                if path.ends_with(&format!("/{unit}")) {
+                    placed = Some(path.to_owned());
+                    break;
+                }
             }
+            if Instant::now() > deadline {
+                return Err(format!("systemd did not start the scope {unit} with pid {pid} within {START_TIMEOUT:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        if Instant::now() > deadline {
-            return Err(format!("systemd did not start the scope {unit} within {START_TIMEOUT:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
+    placed.ok_or_else(|| format!("nothing was to be placed in the scope {unit}"))
 }
 
-/// Moves the holder to its leaf and hands the controllers to the scope's
-/// children, or says which controller systemd did not delegate and how to
-/// fix that.
-fn prepare(dir: &Path, holder: u32, root: bool) -> Result<(), String> {
+/// Moves the scope's members (the holder, and an ordinary user's airlock)
+/// to their leaf and hands the controllers to the scope's children, or says
+/// which controller systemd did not delegate and how to fix that.
+fn prepare(dir: &Path, members: &[u32], root: bool) -> Result<(), String> {
     let available = fs::read_to_string(dir.join("cgroup.controllers"))
         .map_err(|e| format!("cannot read {}/cgroup.controllers: {e}", dir.display()))?;
     let missing: Vec<&str> =
@@ -246,7 +259,9 @@ fn prepare(dir: &Path, holder: u32, root: bool) -> Result<(), String> {
     }
     let leaf = dir.join(HOLD_LEAF);
     fs::create_dir(&leaf).map_err(|e| format!("cannot create {}: {e}", leaf.display()))?;
-    write(&leaf.join("cgroup.procs"), holder.to_string()).map_err(|e| e.to_string())?;
+    for pid in members {
+        write(&leaf.join("cgroup.procs"), pid.to_string()).map_err(|e| e.to_string())?;
+    }
     let request: Vec<String> = CONTROLLERS.iter().map(|c| format!("+{c}")).collect();
     write(&dir.join("cgroup.subtree_control"), request.join(" ")).map_err(|e| e.to_string())
 }
@@ -276,7 +291,7 @@ mod tests {
         while !socket.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let outcome = start_transient_scope(&address, "airlock-test.scope", std::process::id());
+        let outcome = start_transient_scope(&address, "airlock-test.scope", &[std::process::id()]);
         let _ = daemon.kill();
         let _ = daemon.wait();
         let error = outcome.expect_err("no systemd on this bus, no scope");
