@@ -65,9 +65,9 @@ def record_of(result):
         raise Failed(f"no record (exit {result.returncode}): {result.stderr.strip()[-400:]}")
 
 
-# Wall time a run may take: under TCG an interpreter's start alone takes
-# seconds.
-RUN_TIMEOUT = ["--timeout", "120"]
+# Wall and CPU time a run may take: under TCG an interpreter's start alone
+# takes seconds, and the guest's CPU accounting runs ahead of its clock.
+RUN_TIMEOUT = ["--timeout", "120", "--cpu-time", "300"]
 
 
 def run_py(code, extra=(), **kw):
