@@ -9,8 +9,8 @@ Phase 1 sends RUNS runs from CLIENTS concurrent clients, in a fixed mix
 (ok, failed, timeout, memory kill, output flood, fork bomb, network refused,
 copy-out refused), then checks: no process of any run is left (every run's
 code carries a marker), no run cgroup, the server's mounts, tmpfs and open
-descriptors are what they were after warm-up, no work directory is left in
-/tmp, the server's memory is flat after warm-up, and the audit chain
+descriptors are what they were after warm-up, it holds no host-id allocation
+(a lock-file descriptor), no work directory is left in /tmp, the server's memory is flat after warm-up, and the audit chain
 verifies with exactly one entry per answered run.
 
 Phase 2 sends KILLS runs one by one while SIGKILLing the server at random
@@ -114,6 +114,18 @@ class Server:
 
     def fds(self):
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def host_ids_held(self):
+        """Host-id allocations the server holds: each is an open file
+        description of the host-id lock file (crates/airlock-linux hostid),
+        so a leaked allocation is a descriptor of it left open."""
+        held = 0
+        for fd in os.listdir(f"/proc/{self.proc.pid}/fd"):
+            try:
+                held += os.readlink(f"/proc/{self.proc.pid}/fd/{fd}").endswith("/host-ids.lock")
+            except OSError:
+                pass
+        return held
 
     def mounts(self):
         with open(f"/proc/{self.proc.pid}/mountinfo") as f:
@@ -223,6 +235,7 @@ def main():
     main_phase = phase_runs(server, token, args.runs, args.clients)
     time.sleep(2)
     after = {"rss_kib": server.status_kib("VmRSS"), "fds": server.fds(), "mounts": server.mounts()}
+    host_ids = server.host_ids_held()
     procs, cgroups, tmp = leftovers(pids)
     answered = warm["answered"] + main_phase["answered"]
     server.stop()
@@ -234,15 +247,16 @@ def main():
         "rss_kib_after_warmup": base["rss_kib"], "rss_kib_samples": main_phase["rss_kib"],
         "rss_kib_end": after["rss_kib"], "fds_after_warmup": base["fds"], "fds_end": after["fds"],
         "mounts_after_warmup": base["mounts"], "mounts_end": after["mounts"],
-        "left": {"processes": procs, "cgroups": cgroups, "work_dirs": tmp},
+        "left": {"processes": procs, "cgroups": cgroups, "work_dirs": tmp, "host_ids": host_ids},
     }
     if main_phase["wrong"]:
         problems.append(f"{len(main_phase['wrong'])} runs ended otherwise than their kind must: "
                         f"{main_phase['wrong'][:5]}")
     if main_phase["refused"]:
         problems.append(f"{len(main_phase['refused'])} runs not answered 200: {main_phase['refused'][:5]}")
-    if procs or cgroups or tmp:
-        problems.append(f"left behind: processes {procs[:5]}, cgroups {cgroups[:5]}, work dirs {tmp[:5]}")
+    if procs or cgroups or tmp or host_ids:
+        problems.append(f"left behind: processes {procs[:5]}, cgroups {cgroups[:5]}, work dirs {tmp[:5]}, "
+                        f"host ids still held {host_ids}")
     if after["fds"] > base["fds"] + 2 or after["mounts"] != base["mounts"]:
         problems.append(f"descriptors or mounts grew: {base} -> {after}")
     # Flat: the end within 25% (and 16 MiB) of the figure after warm-up.
