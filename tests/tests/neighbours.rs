@@ -198,7 +198,7 @@ print(sorted(out.items()))
 
 #[test]
 fn socket_buffers_count_against_the_memory_cap() {
-    let hierarchy = airlock_linux::Hierarchy::detect().unwrap();
+    let hierarchy = airlock_linux::Hierarchy::detect(None).unwrap();
     if hierarchy.version() != "v1" {
         // cgroup v2 counts socket buffers in memory.current with the rest.
         eprintln!("socket_buffers_count_against_the_memory_cap: this host has cgroup v2; the v1 check does not apply");

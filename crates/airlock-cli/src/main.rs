@@ -1,6 +1,7 @@
 //! `airlock`: run code a language model wrote, without letting it run your machine.
 
 mod audit_cmd;
+mod doctor_cmd;
 mod image_cmd;
 mod run_cmd;
 mod serve_cmd;
@@ -32,6 +33,9 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Serve MCP on standard input and output, for an agent that starts airlock itself.
     Mcp(serve_cmd::McpArgs),
+    /// Say what this host can enforce, per backend, and how to fix what is
+    /// missing; exits 0 only if the default policy can run here.
+    Doctor,
     /// Install a backend's runtime ahead of its first use.
     #[command(subcommand)]
     Backend(BackendCommand),
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => audit_cmd::run(args),
         Command::Serve(args) => serve_cmd::serve(args).map(|()| ExitCode::SUCCESS),
         Command::Mcp(args) => serve_cmd::mcp(args).map(|()| ExitCode::SUCCESS),
+        Command::Doctor => doctor_cmd::run(),
         Command::Backend(BackendCommand::Install { name }) => match name.as_str() {
             "wasm" => airlock::install_wasm_backend().map(|()| ExitCode::SUCCESS).map_err(Into::into),
             _ => {

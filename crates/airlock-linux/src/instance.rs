@@ -303,6 +303,9 @@ impl LinuxInstance {
         let mut details = self.details.clone();
         if let Some(v) = cgroup_version {
             details.insert("cgroup".to_owned(), v.to_owned());
+            if let Some(hierarchy) = &self.cgroups {
+                details.insert("cgroup_route".to_owned(), hierarchy.route());
+            }
         }
         if let Some(abi) = observed.landlock_abi {
             details.insert("landlock_abi".to_owned(), abi.to_string());

@@ -53,7 +53,7 @@ use std::sync::{Arc, OnceLock};
 use airlock_core::{Backend, Instance, Probe, Runtime, SandboxError};
 use airlock_policy::{BackendKind, Layer, Policy, SandboxPath};
 
-pub use cgroup::{DELEGATED_CGROUP_ENV, Hierarchy};
+pub use cgroup::{DELEGATED_CGROUP_ENV, HOLD_ARG, Hierarchy, hold};
 pub use instance::LinuxInstance;
 pub use network::PROXY_ADDR;
 
@@ -99,7 +99,7 @@ impl LinuxBackend {
 
     fn state(&self) -> &HostState {
         self.state.get_or_init(|| {
-            let cgroups = Hierarchy::detect();
+            let cgroups = Hierarchy::detect(self.helper_path().ok().as_deref());
             if let Ok(h) = &cgroups {
                 // The next start after a crash cleans up what it left.
                 h.remove_stale();

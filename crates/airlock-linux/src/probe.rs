@@ -60,6 +60,7 @@ pub fn probe(cgroups: &Result<Hierarchy, String>, ids: &Result<crate::hostid::Al
         Ok(hierarchy) => {
             available.insert(Layer::Cgroups);
             details.insert("cgroup".to_owned(), hierarchy.version().to_owned());
+            details.insert("cgroup_route".to_owned(), hierarchy.route());
         }
         Err(why) => {
             missing.insert(Layer::Cgroups, why.clone());
@@ -68,16 +69,68 @@ pub fn probe(cgroups: &Result<Hierarchy, String>, ids: &Result<crate::hostid::Al
     Probe { backend: BackendKind::Linux, host: airlock_core::host::facts(), available, missing, details }
 }
 
+/// Whether the helper will be able to make the sandbox's user namespace,
+/// and if not, why and the exact fix: the sysctls first (they name the fix
+/// best), then AppArmor's restriction (Ubuntu 23.10 and later), then a real
+/// attempt, which catches what no file tells (a container runtime's seccomp
+/// filter refusing unshare).
 fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>) -> Result<(), String> {
     let read = |path: &str| fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i64>().ok());
+    let root = rustix::process::geteuid().is_root();
     if read("/proc/sys/user/max_user_namespaces") == Some(0) {
-        return Err("user namespaces are disabled (sysctl user.max_user_namespaces=0); set it above 0".to_owned());
+        return Err("user namespaces are disabled (sysctl user.max_user_namespaces=0): enable them with \
+                    `sudo sysctl -w user.max_user_namespaces=15000` (and keep it with \
+                    `echo user.max_user_namespaces=15000 | sudo tee /etc/sysctl.d/90-airlock.conf`)"
+            .to_owned());
     }
-    if !rustix::process::geteuid().is_root() && read("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
-        return Err(
-            "unprivileged user namespaces are disabled; set sysctl kernel.unprivileged_userns_clone=1 or run as root"
-                .to_owned(),
-        );
+    if !root && read("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
+        return Err("unprivileged user namespaces are disabled (sysctl kernel.unprivileged_userns_clone=0): enable \
+                    them with `sudo sysctl -w kernel.unprivileged_userns_clone=1` (and keep it with \
+                    `echo kernel.unprivileged_userns_clone=1 | sudo tee /etc/sysctl.d/90-airlock.conf`), or run \
+                    airlock as root"
+            .to_owned());
     }
+    if !root
+        && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1)
+        && !std::path::Path::new(APPARMOR_PROFILE).exists()
+    {
+        return Err(format!(
+            "AppArmor restricts unprivileged user namespaces here (sysctl \
+             kernel.apparmor_restrict_unprivileged_userns=1) and airlock's helper has no profile: install the one \
+             airlock ships, packaging/apparmor/airlock-init, as {APPARMOR_PROFILE} with the path of airlock-init \
+             filled in, then `sudo apparmor_parser -r {APPARMOR_PROFILE}` (the README's \"Ubuntu 24.04\" section \
+             gives the commands)"
+        ));
+    }
+    try_unshare_user_namespace()?;
     crate::userns::check_mapping(ids)
+}
+
+/// Where the README installs the helper's AppArmor profile.
+const APPARMOR_PROFILE: &str = "/etc/apparmor.d/airlock-init";
+
+/// Starts `/bin/true` in a user namespace of its own: the one check that
+/// sees every reason the kernel may refuse one.
+fn try_unshare_user_namespace() -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new("/bin/true");
+    command.env_clear().stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+    // SAFETY: between fork and exec the child only makes one system call,
+    // which neither allocates nor takes a lock.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER).map_err(std::io::Error::from)
+        })
+    };
+    match command.status() {
+        Ok(_) => Ok(()),
+        // No /bin/true: nothing was tried; the helper will say what it meets.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => Ok(()),
+        Err(e) => Err(format!(
+            "this host refuses to make a user namespace (unshare(CLONE_NEWUSER): {e}); inside a container, its \
+             runtime's seccomp profile or security module forbids it: start the container with \
+             `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (docker, podman), or run \
+             airlock on the host"
+        )),
+    }
 }

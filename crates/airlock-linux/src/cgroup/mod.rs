@@ -5,9 +5,11 @@
 //! directory per controller, as on hybrid hosts) and cgroup v2 (one unified
 //! directory). airlock only ever creates, writes and removes directories it
 //! named itself (`airlock-<pid>-<start time>-<n>`); it never writes to the
-//! cgroup it runs in, except, on v2, to a cgroup the operator delegated to it
-//! with `AIRLOCK_CGROUP`.
+//! cgroup it runs in, except, on v2, to a cgroup delegated to it: by the
+//! operator with `AIRLOCK_CGROUP`, or by systemd as a transient scope (see
+//! `systemd`). Which of these a run used is its [`Route`].
 
+mod systemd;
 mod v1;
 mod v2;
 
@@ -98,6 +100,8 @@ pub fn enter_self(tasks: &[OwnedFd]) -> Result<(), crate::protocol::Failure> {
     Ok(())
 }
 
+pub use systemd::{HOLD_ARG, hold};
+
 /// Child side (the run's init, once inside the run's cgroup): a cgroup
 /// namespace of its own, which the code joins, so that the run sees its
 /// cgroup as `/` and nothing of the host's tree above it.
@@ -113,9 +117,30 @@ pub fn own_namespace() -> Result<(), crate::protocol::Failure> {
 pub enum Hierarchy {
     /// cgroup v1: the caller's cgroup in each controller's hierarchy.
     V1 { memory: PathBuf, pids: PathBuf, cpu: PathBuf, cpuacct: Option<PathBuf> },
-    /// cgroup v2: the parent directory, and whether airlock may enable
-    /// controllers in it (only when the operator delegated it).
-    V2 { parent: PathBuf, delegated: bool },
+    /// cgroup v2: the parent directory, and how airlock came to it.
+    V2 { parent: PathBuf, route: Route },
+}
+
+/// How airlock got a cgroup v2 parent for its runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The cgroup airlock runs in already hands the controllers to its
+    /// children (root at the top of a hierarchy, or a prepared one); airlock
+    /// nests beneath it and changes nothing of it.
+    Own,
+    /// The cgroup the operator named in `AIRLOCK_CGROUP`: airlock may enable
+    /// the controllers in it.
+    Operator,
+    /// A transient scope with `Delegate=yes` from systemd: the user's own
+    /// instance, or the system's for root.
+    Systemd { unit: String, user_manager: bool },
+}
+
+impl Route {
+    /// Whether airlock may enable controllers in the parent.
+    fn delegated(&self) -> bool {
+        !matches!(self, Route::Own)
+    }
 }
 
 /// The environment variable naming a cgroup delegated to airlock.
@@ -125,7 +150,10 @@ const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 
 impl Hierarchy {
     /// Finds where this process may make cgroups, or says why it cannot.
-    pub fn detect() -> Result<Hierarchy, String> {
+    /// On cgroup v2, when its own cgroup cannot take children with the
+    /// controllers and systemd runs the host, asks systemd for a delegated
+    /// scope, held by `helper` (see `systemd`).
+    pub fn detect(helper: Option<&Path>) -> Result<Hierarchy, String> {
         let mountinfo =
             fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
         let membership =
@@ -133,8 +161,23 @@ impl Hierarchy {
         let delegated = std::env::var_os(DELEGATED_CGROUP_ENV).map(PathBuf::from);
         let read_controllers = |mount: &Path| fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
         let hierarchy = Hierarchy::from_tables(&mountinfo, &membership, delegated.as_deref(), &read_controllers)?;
-        hierarchy.check_writable()?;
-        Ok(hierarchy)
+        match hierarchy.check_writable() {
+            Ok(()) => Ok(hierarchy),
+            Err(own) => match &hierarchy {
+                Hierarchy::V2 { route: Route::Own, .. } if systemd::booted() => {
+                    let mounts = parse_mountinfo(&mountinfo);
+                    let unified = mounts.iter().find(|m| m.fstype == "cgroup2").ok_or("no cgroup2 mount")?;
+                    let scope = systemd::scope(&unified.mount_point, &unified.root, helper).map_err(|e| {
+                        format!("{e} (airlock asked because its own cgroup cannot take its runs: {own})")
+                    })?;
+                    Ok(Hierarchy::V2 {
+                        parent: scope.dir.clone(),
+                        route: Route::Systemd { unit: scope.unit.clone(), user_manager: scope.user_manager },
+                    })
+                }
+                _ => Err(own),
+            },
+        }
     }
 
     /// Decides from the text of /proc/self/mountinfo and /proc/self/cgroup;
@@ -162,7 +205,8 @@ impl Hierarchy {
                         join_beneath(&unified.mount_point, &unified.root, own)?
                     }
                 };
-                return Ok(Hierarchy::V2 { parent, delegated: delegated.is_some() });
+                let route = if delegated.is_some() { Route::Operator } else { Route::Own };
+                return Ok(Hierarchy::V2 { parent, route });
             }
         }
         let find = |controller: &str| -> Result<Option<PathBuf>, String> {
@@ -210,8 +254,8 @@ impl Hierarchy {
                 ));
             }
         }
-        if let Hierarchy::V2 { parent, delegated } = self {
-            v2::check_controllers(parent, *delegated)?;
+        if let Hierarchy::V2 { parent, route } = self {
+            v2::check_controllers(parent, route.delegated())?;
         }
         Ok(())
     }
@@ -224,6 +268,24 @@ impl Hierarchy {
         }
     }
 
+    /// Which cgroups the runs get, for the record's isolation details:
+    /// `v1`, `v2 nested in airlock's own cgroup`, and so on.
+    pub fn route(&self) -> String {
+        match self {
+            Hierarchy::V1 { .. } => "v1, nested in airlock's own cgroups".to_owned(),
+            Hierarchy::V2 { route: Route::Own, parent } => {
+                format!("v2, nested in airlock's own cgroup {}", parent.display())
+            }
+            Hierarchy::V2 { route: Route::Operator, parent } => {
+                format!("v2, in the cgroup {DELEGATED_CGROUP_ENV} delegates: {}", parent.display())
+            }
+            Hierarchy::V2 { route: Route::Systemd { unit, user_manager }, .. } => format!(
+                "v2, in the transient scope {unit} that {} systemd delegated (Delegate=yes)",
+                if *user_manager { "the user's" } else { "the system's" }
+            ),
+        }
+    }
+
     /// Makes a fresh cgroup for one run, with `limits` set.
     pub fn create(&self, limits: &CgroupLimits) -> io::Result<Box<dyn RunCgroup>> {
         let name = run_cgroup_name();
@@ -231,8 +293,8 @@ impl Hierarchy {
             Hierarchy::V1 { memory, pids, cpu, cpuacct } => {
                 Ok(Box::new(v1::V1Cgroup::create(&name, memory, pids, cpu, cpuacct.as_deref(), limits)?))
             }
-            Hierarchy::V2 { parent, delegated } => {
-                Ok(Box::new(v2::V2Cgroup::create(&name, parent, *delegated, limits)?))
+            Hierarchy::V2 { parent, route } => {
+                Ok(Box::new(v2::V2Cgroup::create(&name, parent, route.delegated(), limits)?))
             }
         }
     }
@@ -455,10 +517,10 @@ mod tests {
         let mountinfo = "30 23 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
         let h =
             Hierarchy::from_tables(mountinfo, "0::/user.slice/app\n", None, &|_| "cpu io memory pids".into()).unwrap();
-        assert_eq!(h, Hierarchy::V2 { parent: "/sys/fs/cgroup/user.slice/app".into(), delegated: false });
+        assert_eq!(h, Hierarchy::V2 { parent: "/sys/fs/cgroup/user.slice/app".into(), route: Route::Own });
         let d = Path::new("/sys/fs/cgroup/delegated");
         let h = Hierarchy::from_tables(mountinfo, "0::/x\n", Some(d), &|_| "cpu memory pids".into()).unwrap();
-        assert_eq!(h, Hierarchy::V2 { parent: d.into(), delegated: true });
+        assert_eq!(h, Hierarchy::V2 { parent: d.into(), route: Route::Operator });
     }
 
     #[test]

@@ -1,0 +1,239 @@
+#!/usr/bin/python3
+"""The VM scenarios: real airlock runs inside the guest, each asserting a real
+outcome, one line each (`vm-scenario NAME ok|FAIL what`). Run as root by the
+guest's airlock-vmtest.service (scripts/vm-test); uses only the guest's
+/usr/bin/python3 and airlock's binaries from the checkout.
+
+  root-v2         root on pure cgroup v2: memory kill reported as memory_limit,
+                  the pids and CPU caps, nothing left behind
+  user-systemd    an ordinary user in a session scope: a scope delegated by
+                  the user's systemd instance, the same limits, no root
+  userns-off      kernel.unprivileged_userns_clone=0: the run is refused
+                  naming the fix, and `airlock doctor` says the same
+  landlock-6.1    the record says which Landlock ABI was in force
+"""
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+import time
+
+CHECKOUT = os.environ["AIRLOCK_CHECKOUT"]
+BIN = os.path.join(CHECKOUT, "target", os.environ.get("AIRLOCK_VM_PROFILE", "debug"))
+AIRLOCK = os.path.join(BIN, "airlock")
+USER = "airlock-vm"
+TIMEOUT = 240
+
+
+class Failed(Exception):
+    pass
+
+
+def check(condition, what):
+    if not condition:
+        raise Failed(what)
+
+
+def command(args, user=None, home="/tmp/airlock-root", scope=False):
+    """The command line and environment of `airlock ARGS`, as root or as the
+    test user (inside a session-like scope of the system's systemd when
+    `scope`, as a login would put it)."""
+    env = {"PATH": "/usr/bin:/bin", "AIRLOCK_HOME": home, "AIRLOCK_INIT": os.path.join(BIN, "airlock-init")}
+    line = [AIRLOCK, *args]
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        env["XDG_RUNTIME_DIR"] = f"/run/user/{entry.pw_uid}"
+        line = ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", *line]
+        if scope:
+            # What pam_systemd does for a login: a scope in the user's slice,
+            # owned by the system's systemd, that the user may not write to.
+            line = ["systemd-run", "--quiet", "--scope", f"--slice=user-{entry.pw_uid}.slice", *line]
+    return line, env
+
+
+def airlock(args, home="/tmp/airlock-root", **kw):
+    line, env = command(args, home=home, **kw)
+    return subprocess.run(line, env=env, capture_output=True, text=True, timeout=TIMEOUT, cwd=home)
+
+
+def record_of(result):
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise Failed(f"no record (exit {result.returncode}): {result.stderr.strip()[-400:]}")
+
+
+# Wall and CPU time a run may take: under TCG an interpreter's start alone
+# takes seconds, and the guest's CPU accounting runs ahead of its clock.
+RUN_TIMEOUT = ["--timeout", "120", "--cpu-time", "300"]
+
+
+def run_py(code, extra=(), **kw):
+    return record_of(airlock(["run", "--json", "--python", "/usr/bin/python3", *RUN_TIMEOUT, *extra, "-c", code], **kw))
+
+
+def leftovers(marker):
+    """Processes whose command line holds `marker`, airlock's run cgroups
+    (`airlock-PID-START-N`) and its systemd scopes, once systemd has had a
+    few seconds to collect an emptied scope."""
+    for _ in range(50):
+        procs = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+        cgroups = run_cgroups() + subprocess.run(
+            ["find", "/sys/fs/cgroup", "-type", "d", "-name", "airlock-*.scope"], capture_output=True, text=True
+        ).stdout.split()
+        if not procs and not cgroups:
+            break
+        time.sleep(0.1)
+    return procs, cgroups
+
+
+def limits(route_word, **kw):
+    """The default policy's limits, for real: memory, pids, CPU bandwidth."""
+    memory = run_py("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))", ["--memory", "96"], **kw)
+    check(memory["status"] == "memory_limit", f"memory: status {memory['status']}: {memory.get('message')}")
+    check("memory" in memory["limits_hit"], f"memory: limits_hit {memory['limits_hit']}")
+    details = memory["isolation"]["details"]
+    check(details.get("cgroup") == "v2", f"cgroup {details.get('cgroup')}")
+    check(route_word in details.get("cgroup_route", ""), f"route: {details.get('cgroup_route')}")
+    # Forks until the pids cap refuses one; the children outlive the code's
+    # own process, so "nothing left" also covers what a run leaves running.
+    marker = f"vmbomb{os.getpid()}"
+    bomb = run_py(
+        f"import os, time  # {marker}\nborn = 0\nfor _ in range(64):\n    try:\n"
+        "        if os.fork() == 0:\n            time.sleep(60)\n            os._exit(0)\n"
+        "        born += 1\n    except OSError:\n        break\nprint(born)",
+        ["--pids", "16"],
+        **kw,
+    )
+    check("pids" in bomb["limits_hit"], f"pids: limits_hit {bomb['limits_hit']}")
+    throttled = cpu_cap(**kw)
+    procs, cgroups = leftovers(marker)
+    check(not procs and not cgroups, f"left behind: processes {procs}, cgroups {cgroups}")
+    born = bomb["stdout"].split()[-1]
+    summary = f"{details.get('host_ids', 'host ids unknown').split(',')[0]}: memory_limit at 96 MiB, pids cap stopped the forks at {born}, --cpus 0.5 throttled " \
+              f"{throttled} times, nothing left; {details['cgroup_route']}"
+    return summary
+
+
+def run_cgroups():
+    return subprocess.run(
+        ["find", "/sys/fs/cgroup", "-type", "d", "-name", "airlock-*-*-*"], capture_output=True, text=True
+    ).stdout.split()
+
+
+def cpu_cap(**kw):
+    """Half a CPU, as the kernel enforces it: the run's cgroup has
+    `cpu.max 50000 100000` and its busy loop is throttled (cpu.stat), read
+    from outside while it runs. (Under TCG the guest's CPU accounting and its
+    clocks drift apart, so timing it from inside proves nothing.)"""
+    code = "import time\nend = time.monotonic() + 4\nwhile time.monotonic() < end: pass"
+    home = kw.get("home", "/tmp/airlock-root")
+    line, env = command(["run", "--json", "--python", "/usr/bin/python3", *RUN_TIMEOUT, "--cpus", "0.5", "-c", code], **kw)
+    proc = subprocess.Popen(line, env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cpu_max, throttled = None, 0
+    deadline = time.monotonic() + TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:
+        for cgroup in run_cgroups():
+            try:
+                cpu_max = open(os.path.join(cgroup, "cpu.max")).read().strip()
+                stat = dict(row.split() for row in open(os.path.join(cgroup, "cpu.stat")))
+                throttled = max(throttled, int(stat.get("nr_throttled", 0)))
+            except (OSError, ValueError):
+                continue
+        time.sleep(0.2)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    record = record_of(subprocess.CompletedProcess(line, proc.returncode, out, err))
+    check(record["status"] == "ok", f"cpu: status {record['status']}: {record.get('message')}")
+    check(cpu_max == "50000 100000", f"cpu: the run's cpu.max was {cpu_max!r}")
+    check(throttled > 0, "cpu: the busy loop was never throttled at --cpus 0.5")
+    return throttled
+
+
+def root_v2():
+    os.makedirs("/tmp/airlock-root", exist_ok=True)
+    return limits("the system's systemd delegated")
+
+
+def add_user():
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", USER], check=True)
+    uid = pwd.getpwnam(USER).pw_uid
+    home = f"/home/{USER}"
+    # A user manager of its own, with its bus, as a login starts it.
+    subprocess.run(["systemctl", "start", f"user@{uid}.service"], check=True, timeout=TIMEOUT)
+    for _ in range(200):
+        if os.path.exists(f"/run/user/{uid}/bus"):
+            break
+        time.sleep(0.1)
+    return home
+
+
+def user_systemd():
+    home = add_user()
+    return limits("the user's systemd", user=USER, home=home, scope=True)
+
+
+def userns_off():
+    home = add_user()
+    with open("/proc/sys/kernel/unprivileged_userns_clone", "w") as f:
+        f.write("0")
+    try:
+        refused = airlock(["run", "--python", "/usr/bin/python3", "-c", "print(1)"], user=USER, home=home, scope=True)
+        doctor = airlock(["doctor"], user=USER, home=home, scope=True)
+    finally:
+        with open("/proc/sys/kernel/unprivileged_userns_clone", "w") as f:
+            f.write("1")
+    fix = "sudo sysctl -w kernel.unprivileged_userns_clone=1"
+    check(refused.returncode == 125, f"run exit {refused.returncode}: {refused.stderr.strip()[-300:]}")
+    check(fix in refused.stderr, f"the refusal does not name the fix: {refused.stderr.strip()[-300:]}")
+    check(doctor.returncode == 1, f"doctor exit {doctor.returncode}")
+    check(fix in doctor.stdout, f"doctor does not name the fix: {doctor.stdout[-400:]}")
+    return "refused with exit 125 naming `sysctl -w kernel.unprivileged_userns_clone=1`; doctor says the same, exit 1"
+
+
+def landlock_61():
+    os.makedirs("/tmp/airlock-root", exist_ok=True)
+    record = run_py("open('/etc/airlock-vm-probe', 'w')")
+    check(record["status"] == "failed", f"writing outside /work: {record['status']}")
+    abi = record["isolation"]["details"].get("landlock_abi")
+    check(abi == "2", f"landlock_abi {abi} on {os.uname().release}")
+    check("landlock" in record["isolation"]["layers"], f"layers {record['isolation']['layers']}")
+    return f"landlock_abi {abi} in force (writes outside /work refused); layers list landlock"
+
+
+SCENARIOS = {
+    "root-v2": root_v2,
+    "user-systemd": user_systemd,
+    "userns-off": userns_off,
+    "landlock-6.1": landlock_61,
+}
+
+
+def main():
+    wanted = os.environ.get("AIRLOCK_VM_SCENARIOS", "all").split()
+    names = list(SCENARIOS) if wanted in (["all"], []) else wanted
+    print(f"vm-scenario kernel {os.uname().release}, cgroup {open('/sys/fs/cgroup/cgroup.controllers').read().strip()}",
+          flush=True)
+    failed = 0
+    for name in names:
+        started = time.monotonic()
+        try:
+            what = SCENARIOS[name]()
+            verdict = "ok"
+        except (Failed, subprocess.SubprocessError, OSError, KeyError, ValueError) as error:
+            what, verdict = f"{type(error).__name__}: {error}", "FAIL"
+            failed += 1
+        print(f"vm-scenario {name:<13} {verdict:<4} {time.monotonic() - started:5.1f}s  {what}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
