@@ -83,7 +83,8 @@ impl WasmBackend {
 
     fn host(&self) -> &HostState {
         self.host.get_or_init(|| {
-            let cgroups = Hierarchy::detect();
+            // The worker binary holds a systemd scope when one is needed.
+            let cgroups = Hierarchy::detect(self.worker_path().ok().as_deref());
             if let Ok(h) = &cgroups {
                 // The next start after a crash cleans up what it left.
                 h.remove_stale();

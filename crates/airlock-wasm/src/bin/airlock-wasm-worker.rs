@@ -4,9 +4,14 @@
 //! supervisor starts it; it is not meant to be run by hand.
 
 fn main() {
-    if std::env::args_os().nth(1).is_some_and(|arg| arg == "--guest") {
+    let first = std::env::args_os().nth(1);
+    if first.as_ref().is_some_and(|arg| arg == "--guest") {
         airlock_wasm::worker::main()
-    } else {
-        airlock_linux::child::main()
     }
+    // `hold` keeps the systemd scope of an ordinary user's runs open, as
+    // `airlock-init hold` does for the Linux backend.
+    if first.is_some_and(|arg| arg == airlock_linux::HOLD_ARG) {
+        airlock_linux::hold()
+    }
+    airlock_linux::child::main()
 }
