@@ -7,9 +7,11 @@
 use std::time::Duration;
 
 use airlock::{Policy, Pool, PoolOptions, RunRecord, RunRequest, RunStart, Status};
-use airlock_tests::{data_image, linux};
+use airlock_tests::{data_image, exclusive, linux};
 
 /// A pool of `size` on the python-data image, filled before it is returned.
+/// Each test holds the run lock alone ([`exclusive`]): a pool's refills run
+/// in the background, and the leftovers check must see only its own.
 fn pool(policy: Policy, size: usize, preload: &[&str]) -> Pool {
     let options = PoolOptions {
         size,
@@ -34,7 +36,8 @@ fn pooled_ok(record: &RunRecord) -> &str {
 
 #[test]
 fn a_pooled_run_has_pandas_imported_and_its_files_in() {
-    let pool = pool(Policy::default(), 1, &["numpy", "pandas"]);
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 1, &["numpy", "pandas", "matplotlib"]);
     let csv = b"x,w\n1,1\n2,1\n3,5\n".to_vec();
     let code = "import sys\nimport pandas as pd\nprint('pandas' in sys.modules)\nint(pd.read_csv('data.csv').x.sum())";
     let record = pool.run(pool.policy(), &[("data.csv".to_owned(), csv)], &RunRequest::python(code)).unwrap();
@@ -49,6 +52,12 @@ fn a_pooled_run_has_pandas_imported_and_its_files_in() {
     assert_eq!(cold.usage.start, Some(RunStart::Cold));
     assert_eq!(record.isolation.layers, cold.isolation.layers);
     assert!(record.isolation.layers.contains(&airlock::Layer::Seccomp), "{:?}", record.isolation.layers);
+
+    // matplotlib imported ahead still renders off-screen and hands the figure back.
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "no refill: {:?}", pool.stats());
+    let plot = run(&pool, "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()");
+    pooled_ok(&plot);
+    assert_eq!(plot.figures.len(), 1, "{:?}", plot.message);
 }
 
 /// What the first run plants, each checked by the run itself.
@@ -105,7 +114,7 @@ print(sorted(os.listdir("/proc/self/fd")))
 
 #[test]
 fn a_pooled_run_finds_nothing_an_earlier_pooled_run_left() {
-    let _alone = airlock_tests::exclusive();
+    let _alone = exclusive();
     let pool = pool(Policy::default(), 1, &["numpy", "pandas"]);
     let planted = run(&pool, PLANT);
     let planted: serde_json::Value = serde_json::from_str(pooled_ok(&planted)).unwrap();
@@ -142,6 +151,7 @@ fn a_pooled_run_finds_nothing_an_earlier_pooled_run_left() {
 
 #[test]
 fn randomness_differs_across_twenty_pooled_runs() {
+    let _alone = exclusive();
     let pool = pool(Policy::default(), 2, &["random", "numpy"]);
     let code = "import os, random, numpy\nprint(random.random(), numpy.random.random(), os.urandom(16).hex(), hash('airlock'))";
     let mut seen: Vec<Vec<String>> = vec![Vec::new(); 4];
@@ -164,6 +174,7 @@ fn randomness_differs_across_twenty_pooled_runs() {
 
 #[test]
 fn a_pooled_run_is_killed_at_its_memory_limit_and_its_own_clocks() {
+    let _alone = exclusive();
     let mut policy = Policy::default();
     policy.limits.memory_bytes = 256 << 20;
     let pool = pool(policy, 1, &["numpy", "pandas"]);
@@ -185,6 +196,7 @@ fn a_pooled_run_is_killed_at_its_memory_limit_and_its_own_clocks() {
 
 #[test]
 fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
+    let _alone = exclusive();
     let options = PoolOptions {
         size: 1,
         preload: vec!["airlock_no_such_module".to_owned()],

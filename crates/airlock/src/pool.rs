@@ -35,12 +35,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use airlock_core::record;
-use airlock_core::{Backend, Claim, Claimed, KillSwitch, Runtime, WarmInstance};
-use airlock_policy::{InputRecord, Language, Limits, Policy, RunRecord, SandboxPath};
+use airlock_core::{
+    ArtifactError, Backend, Claim, Claimed, Execution, Instance, Job, KillSwitch, Runtime, SandboxError, WarmInstance,
+};
+use airlock_policy::{Language, Limits, Policy, RunRecord, SandboxPath};
 
 use crate::Error;
-use crate::sandbox::{Audit, RunRequest, Sandbox, backend_for, collapse};
+use crate::sandbox::{Audit, RunRequest, Sandbox, backend_for};
 
 /// How a pool is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,86 +204,190 @@ impl Pool {
         true
     }
 
-    /// Runs `request` with `policy` (its `limits`, if any, for this run),
-    /// `files` copied into /work first: in a ready sandbox when one is there
-    /// and the policy can be applied to it, else cold. Its audit store, if
-    /// the pool has one, records it. `Err` only for what would stop a cold
-    /// run before it started (a file refused, a sandbox that cannot be made).
-    pub fn run(&self, policy: &Policy, files: &[(String, Vec<u8>)], request: &RunRequest) -> Result<RunRecord, Error> {
-        let requested_at = Instant::now();
-        let started_at = record::now_rfc3339();
-        let mut run_policy = policy.clone();
-        if let Some(limits) = &request.limits {
-            run_policy.limits = limits.clone();
-        }
-        let mut parsed = Vec::with_capacity(files.len());
-        for (path, data) in files {
-            parsed.push((SandboxPath::parse(path)?, data.clone()));
-        }
-        let why_cold = match self.shared.suits(&run_policy, request) {
+    /// A sandbox for one run with `policy`: a ready one from the pool when
+    /// there is one and the policy can be applied to it, else a cold one.
+    /// Use it as any [`Sandbox`] (files in, one run, outputs out); its run's
+    /// record says how it started, and, when cold, why
+    /// (`isolation.details.pool`). A second run in it runs cold in the same
+    /// sandbox, as a second run in any sandbox does. Never waits for the pool.
+    pub fn sandbox(&self, policy: &Policy) -> Result<Sandbox, Error> {
+        let shared = &self.shared;
+        let warm = match shared.suits(policy) {
             Err(reason) => {
-                self.shared.unsuited.fetch_add(1, Ordering::Relaxed);
-                reason
+                shared.unsuited.fetch_add(1, Ordering::Relaxed);
+                Err(reason)
             }
-            Ok(()) => match self.shared.take() {
-                None => {
-                    self.shared.misses.fetch_add(1, Ordering::Relaxed);
-                    self.shared.empty_reason()
+            Ok(()) => shared.take().map(|entry| entry.warm).ok_or_else(|| {
+                shared.misses.fetch_add(1, Ordering::Relaxed);
+                shared.empty_reason()
+            }),
+        };
+        let (state, cold_why) = match warm {
+            Ok(warm) => (Pooled::Warm(warm), None),
+            Err(why) => (Pooled::Ran(shared.backend.create(policy, &shared.runtime)?), Some(why)),
+        };
+        let instance =
+            PooledInstance { shared: shared.clone(), policy: policy.clone(), state, files: Vec::new(), cold_why };
+        let mut sandbox = Sandbox::from_instance(Box::new(instance), policy.clone(), shared.runtime.clone());
+        sandbox.set_audit(shared.audit.clone());
+        Ok(sandbox)
+    }
+
+    /// Runs `request` with `policy` in [`Pool::sandbox`], `files` copied
+    /// into /work first. `Err` only for what stops a run before it starts
+    /// (a file refused, a sandbox that cannot be made).
+    pub fn run(&self, policy: &Policy, files: &[(String, Vec<u8>)], request: &RunRequest) -> Result<RunRecord, Error> {
+        let mut sandbox = self.sandbox(policy)?;
+        for (path, data) in files {
+            sandbox.write(path, data)?;
+        }
+        Ok(sandbox.run_request(request))
+    }
+}
+
+/// Where a pool's sandbox is in its one run.
+enum Pooled {
+    /// Ready, waiting for its run.
+    Warm(Box<dyn WarmInstance>),
+    /// A sandbox that runs its code as any sandbox does: made cold, or a
+    /// warm one after its run.
+    Ran(Box<dyn Instance>),
+    /// Lost to a failed claim.
+    Spent,
+}
+
+/// The instance behind a pool's [`Sandbox`]: a warm sandbox until its run
+/// claims it, the claimed (or a cold) sandbox after.
+struct PooledInstance {
+    shared: Arc<Shared>,
+    policy: Policy,
+    state: Pooled,
+    /// Files written before the run, copied in by the claim.
+    files: Vec<(SandboxPath, Vec<u8>)>,
+    /// Why the next run is cold, for its record.
+    cold_why: Option<String>,
+}
+
+impl PooledInstance {
+    /// The warm sandbox goes; the run goes cold, in a sandbox made now with
+    /// the files written so far.
+    fn go_cold(&mut self, why: String) -> Result<&mut Box<dyn Instance>, SandboxError> {
+        self.state = Pooled::Spent;
+        self.cold_why = Some(why);
+        let mut cold = self.shared.backend.create(&self.policy, &self.shared.runtime)?;
+        for (path, data) in std::mem::take(&mut self.files) {
+            cold.write(&path, &data)?;
+        }
+        self.state = Pooled::Ran(cold);
+        match &mut self.state {
+            Pooled::Ran(instance) => Ok(instance),
+            _ => unreachable!("just set"),
+        }
+    }
+}
+
+impl Instance for PooledInstance {
+    fn write(&mut self, path: &SandboxPath, data: &[u8]) -> Result<(), SandboxError> {
+        match &mut self.state {
+            Pooled::Ran(instance) => instance.write(path, data),
+            Pooled::Warm(_) => {
+                // Checked at the claim as well, with the same caps.
+                let limits = &self.policy.limits;
+                let total: u64 = self.files.iter().map(|(_, d)| d.len() as u64).sum::<u64>() + data.len() as u64;
+                if data.len() as u64 > limits.file_bytes || total > limits.files_total_bytes {
+                    return Err(SandboxError::Input {
+                        path: path.to_string(),
+                        reason: format!(
+                            "above max_file_bytes ({}) or, with the files before it, max_files_total_bytes ({})",
+                            limits.file_bytes, limits.files_total_bytes
+                        ),
+                    });
                 }
-                Some(entry) => {
+                self.files.retain(|(p, _)| p != path);
+                self.files.push((path.clone(), data.to_vec()));
+                Ok(())
+            }
+            Pooled::Spent => Err(spent()),
+        }
+    }
+
+    fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError> {
+        match &mut self.state {
+            Pooled::Ran(instance) => instance.read(path, max_bytes),
+            // Before the run, /work holds what was written so far.
+            _ => match self.files.iter().find(|(p, _)| p == path) {
+                None => Err(ArtifactError::NotFound { path: path.to_string() }),
+                Some((_, data)) if data.len() as u64 > max_bytes => {
+                    Err(ArtifactError::TooLarge { path: path.to_string(), size: data.len() as u64, cap: max_bytes })
+                }
+                Some((_, data)) => Ok(data.clone()),
+            },
+        }
+    }
+
+    fn set_limits(&mut self, limits: Limits) {
+        if let Pooled::Ran(instance) = &mut self.state {
+            instance.set_limits(limits.clone());
+        }
+        self.policy.limits = limits;
+    }
+
+    fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
+        let requested_at = Instant::now();
+        let mut why = self.cold_why.take();
+        let mut execution = match std::mem::replace(&mut self.state, Pooled::Spent) {
+            Pooled::Ran(mut instance) => {
+                let ran = instance.run(job, kill);
+                self.state = Pooled::Ran(instance);
+                ran
+            }
+            Pooled::Warm(warm) => match self.shared.suits_run(&self.policy, job) {
+                Err(reason) => {
+                    self.shared.unsuited.fetch_add(1, Ordering::Relaxed);
+                    why = Some(reason.clone());
+                    drop(warm);
+                    self.go_cold(reason)?.run(job, kill)
+                }
+                Ok(()) => {
                     let claim = Claim {
-                        job: request.job(),
-                        files: parsed.clone(),
-                        wall_time: run_policy.limits.wall_time,
-                        cpu_time: run_policy.limits.cpu_time,
-                        kill: KillSwitch::new(),
+                        job: job.clone(),
+                        files: std::mem::take(&mut self.files),
+                        wall_time: self.policy.limits.wall_time,
+                        cpu_time: self.policy.limits.cpu_time,
+                        kill: kill.clone(),
                         requested_at,
                     };
-                    match entry.warm.claim(claim) {
+                    let files = claim.files.clone();
+                    match warm.claim(claim) {
                         Claimed::Ran { instance, execution } => {
                             self.shared.hits.fetch_add(1, Ordering::Relaxed);
-                            let inputs = parsed.iter().map(|(p, d)| input_record(p, d)).collect();
-                            let mut sandbox = Sandbox::from_instance(
-                                instance,
-                                run_policy,
-                                self.shared.runtime.clone(),
-                                inputs,
-                                self.shared.audit.clone(),
-                            );
-                            let outcome = sandbox.finish_run(request, &request.job(), started_at, *execution);
-                            return Ok(collapse(sandbox.audited(outcome)));
+                            self.state = Pooled::Ran(instance);
+                            *execution
                         }
-                        Claimed::Refused(error) => return Err(Error::Sandbox(error)),
-                        Claimed::Stale(why) => {
+                        Claimed::Refused(error) => return Err(error),
+                        Claimed::Stale(stale) => {
                             self.shared.misses.fetch_add(1, Ordering::Relaxed);
-                            format!("the ready sandbox taken was stale ({why})")
+                            let reason = format!("the ready sandbox taken was stale ({stale})");
+                            why = Some(reason.clone());
+                            self.files = files;
+                            self.go_cold(reason)?.run(job, kill)
                         }
                     }
                 }
             },
-        };
-        self.run_cold(run_policy, &parsed, request, why_cold)
-    }
-
-    /// A cold run, as a [`Sandbox`] makes it, its record saying why it was cold.
-    fn run_cold(
-        &self,
-        policy: Policy,
-        files: &[(SandboxPath, Vec<u8>)],
-        request: &RunRequest,
-        why: String,
-    ) -> Result<RunRecord, Error> {
-        let shared = &self.shared;
-        let mut sandbox = Sandbox::create(shared.backend, policy, shared.runtime.clone(), None)?;
-        sandbox.set_audit(shared.audit.clone());
-        for (path, data) in files {
-            sandbox.write(&path.to_string(), data)?;
+            Pooled::Spent => return Err(spent()),
+        }?;
+        if let Some(why) = why {
+            execution.isolation.details.insert("pool".to_owned(), format!("ran cold: {why}"));
         }
-        // The per-run limits are already the sandbox's.
-        let request = RunRequest { limits: None, ..request.clone() };
-        let mut record = sandbox.run_request(&request);
-        record.isolation.details.insert("pool".to_owned(), format!("ran cold: {why}"));
-        Ok(record)
+        Ok(execution)
+    }
+}
+
+fn spent() -> SandboxError {
+    SandboxError::Setup {
+        step: "start the run".to_owned(),
+        detail: "this pooled sandbox was lost when its sandbox could not be made; take another".to_owned(),
     }
 }
 
@@ -312,12 +417,9 @@ impl Shared {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether a run with `policy` can take a ready sandbox; if not, why.
-    fn suits(&self, policy: &Policy, request: &RunRequest) -> Result<(), String> {
+    /// Whether a sandbox with `policy` can be a ready one; if not, why.
+    fn suits(&self, policy: &Policy) -> Result<(), String> {
         let pool = &self.policy;
-        if request.language != Language::Python {
-            return Err("a pool's sandboxes wait with a Python interpreter; shell code runs cold".to_owned());
-        }
         let differs = [
             ("env", policy.env != pool.env),
             ("network", policy.network != pool.network),
@@ -329,6 +431,15 @@ impl Shared {
             return Err(format!("its {field} differs from the pool's, and is in force from a sandbox's start"));
         }
         limits_suit(&policy.limits, &pool.limits)
+    }
+
+    /// Whether a ready sandbox can run `job` with `policy` (its limits may
+    /// have been set for the run).
+    fn suits_run(&self, policy: &Policy, job: &Job) -> Result<(), String> {
+        if job.language != Language::Python {
+            return Err("a pool's sandboxes wait with a Python interpreter; shell code runs cold".to_owned());
+        }
+        self.suits(policy)
     }
 
     /// The oldest ready sandbox still ready and young enough.
@@ -434,8 +545,4 @@ fn limits_suit(run: &Limits, pool: &Limits) -> Result<(), String> {
             .to_owned());
     }
     Ok(())
-}
-
-fn input_record(path: &SandboxPath, data: &[u8]) -> InputRecord {
-    InputRecord { path: path.to_string(), bytes: data.len() as u64, sha256: airlock_core::sha256_hex(data) }
 }

@@ -169,36 +169,6 @@ impl RunRequest {
     pub fn shell(code: impl Into<String>) -> RunRequest {
         RunRequest { code: code.into(), language: Language::Sh, ..RunRequest::default() }
     }
-
-    /// What the backend runs.
-    pub(crate) fn job(&self) -> Job {
-        Job {
-            code: self.code.clone(),
-            language: self.language,
-            stdin: self.stdin.clone(),
-            cwd: self.cwd.clone(),
-            display_name: self.display_name.clone(),
-        }
-    }
-}
-
-/// A run's record however its recording went: a failure to record is
-/// noted in its `message` (see [`Sandbox::run_request`]).
-pub(crate) fn collapse(outcome: Result<RunRecord, Box<RunError>>) -> RunRecord {
-    match outcome {
-        Ok(record) => record,
-        Err(failure) => match *failure {
-            RunError::Sandbox { record, .. } => *record,
-            RunError::Unrecorded { mut record, error } => {
-                let note = format!("this run was NOT recorded in the audit store: {error}");
-                record.message = Some(match record.message.take() {
-                    Some(message) => format!("{message}; {note}"),
-                    None => note,
-                });
-                *record
-            }
-        },
-    }
 }
 
 /// A sandbox: a work directory that lives as long as this value, and the
@@ -310,7 +280,7 @@ impl Sandbox {
         Sandbox::create(backend, policy, runtime, Some((prepared.wall_ms, prepared.cached)))
     }
 
-    pub(crate) fn create(
+    fn create(
         backend: &dyn Backend,
         policy: Policy,
         runtime: Runtime,
@@ -326,6 +296,19 @@ impl Sandbox {
         }
         let instance = backend.create(&policy, &runtime)?;
         Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None, image_cost })
+    }
+
+    /// A sandbox around an instance made elsewhere (a pool's).
+    pub(crate) fn from_instance(instance: Box<dyn Instance>, policy: Policy, runtime: Runtime) -> Sandbox {
+        Sandbox {
+            instance,
+            policy,
+            runtime,
+            inputs: Vec::new(),
+            kill: KillSwitch::new(),
+            audit: None,
+            image_cost: None,
+        }
     }
 
     /// Records every later run in `audit` (or in none).
@@ -383,7 +366,20 @@ impl Sandbox {
     /// and a run the audit store could not record says so in its `message`.
     /// Front doors that must tell these apart use [`Sandbox::run_checked`].
     pub fn run_request(&mut self, request: &RunRequest) -> RunRecord {
-        collapse(self.run_checked(request))
+        match self.run_checked(request) {
+            Ok(record) => record,
+            Err(failure) => match *failure {
+                RunError::Sandbox { record, .. } => *record,
+                RunError::Unrecorded { mut record, error } => {
+                    let note = format!("this run was NOT recorded in the audit store: {error}");
+                    record.message = Some(match record.message.take() {
+                        Some(message) => format!("{message}; {note}"),
+                        None => note,
+                    });
+                    *record
+                }
+            },
+        }
     }
 
     /// Runs a request, records it in the audit store if one is set (a run
@@ -393,11 +389,6 @@ impl Sandbox {
     /// included (their contents aside).
     pub fn run_checked(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
         let outcome = self.execute(request);
-        self.audited(outcome)
-    }
-
-    /// Records a run's outcome in the audit store, if one is set.
-    pub(crate) fn audited(&self, outcome: Result<RunRecord, Box<RunError>>) -> Result<RunRecord, Box<RunError>> {
         let Some(audit) = &self.audit else { return outcome };
         let record = match &outcome {
             Ok(record) => record,
@@ -454,8 +445,23 @@ impl Sandbox {
     }
 
     fn execute_with_limits(&mut self, request: &RunRequest) -> Result<RunRecord, Box<RunError>> {
-        let job = request.job();
-        let started_at = record::now_rfc3339();
+        let job = Job {
+            code: request.code.clone(),
+            language: request.language,
+            stdin: request.stdin.clone(),
+            cwd: request.cwd.clone(),
+            display_name: request.display_name.clone(),
+        };
+        let ctx = RunContext {
+            id: record::new_id(),
+            started_at: record::now_rfc3339(),
+            job: &job,
+            policy: &self.policy,
+            image: self.runtime.image.clone(),
+            runtime_description: &self.runtime.describe,
+            // The files copied in for this run; the next run's record lists its own.
+            inputs: std::mem::take(&mut self.inputs),
+        };
         let outcome = if self.kill.is_killed() {
             Err(airlock_core::SandboxError::Setup {
                 step: "start the run".to_owned(),
@@ -463,40 +469,6 @@ impl Sandbox {
             })
         } else {
             self.instance.run(&job, &self.kill)
-        };
-        self.finish_run(request, &job, started_at, outcome)
-    }
-
-    /// A sandbox whose instance ran a run elsewhere (a pool's warm start):
-    /// for that run's record and outputs, then dropped.
-    pub(crate) fn from_instance(
-        instance: Box<dyn Instance>,
-        policy: Policy,
-        runtime: Runtime,
-        inputs: Vec<InputRecord>,
-        audit: Option<Audit>,
-    ) -> Sandbox {
-        Sandbox { instance, policy, runtime, inputs, kill: KillSwitch::new(), audit, image_cost: None }
-    }
-
-    /// The record of a run from what its instance did: the outputs read
-    /// back, the image's cost on the first run.
-    pub(crate) fn finish_run(
-        &mut self,
-        request: &RunRequest,
-        job: &Job,
-        started_at: String,
-        outcome: Result<airlock_core::Execution, airlock_core::SandboxError>,
-    ) -> Result<RunRecord, Box<RunError>> {
-        let ctx = RunContext {
-            id: record::new_id(),
-            started_at,
-            job,
-            policy: &self.policy,
-            image: self.runtime.image.clone(),
-            runtime_description: &self.runtime.describe,
-            // The files copied in for this run; the next run's record lists its own.
-            inputs: std::mem::take(&mut self.inputs),
         };
         let mut rec = match outcome {
             Ok(execution) => record::assemble(&ctx, execution),
