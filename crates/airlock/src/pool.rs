@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use airlock_core::{
     ArtifactError, Backend, Claim, Claimed, Execution, Instance, Job, KillSwitch, Runtime, SandboxError, WarmInstance,
 };
-use airlock_policy::{Language, Limits, Policy, RunRecord, SandboxPath};
+use airlock_policy::{BackendKind, Language, Limits, Policy, RunRecord, SandboxPath};
 
 use crate::Error;
 use crate::sandbox::{Audit, RunRequest, Sandbox, backend_for};
@@ -133,6 +133,13 @@ impl Pool {
     /// built on first use), on the policy's backend. Returns at once; the
     /// pool fills in the background.
     pub fn new(policy: Policy, runtime: Option<Runtime>, options: PoolOptions) -> Result<Pool, Error> {
+        if policy.backend != BackendKind::Linux {
+            return Err(Error::Sandbox(SandboxError::Unsupported {
+                backend: "airlock",
+                what: format!("keep a pool of ready sandboxes for the {} backend", policy.backend),
+                reason: "only the linux backend starts sandboxes warm; run without a pool".to_owned(),
+            }));
+        }
         let backend = backend_for(policy.backend)?;
         let runtime = match runtime {
             Some(runtime) => runtime,
@@ -231,6 +238,18 @@ impl Pool {
         let mut sandbox = Sandbox::from_instance(Box::new(instance), policy.clone(), shared.runtime.clone());
         sandbox.set_audit(shared.audit.clone());
         Ok(sandbox)
+    }
+
+    /// Destroys every ready sandbox and stops making more; later runs are
+    /// cold. Dropping the pool does the same.
+    pub fn close(&self) {
+        let entries = {
+            let mut state = self.shared.lock();
+            state.closed = true;
+            std::mem::take(&mut state.ready)
+        };
+        self.shared.wake.notify_all();
+        drop(entries);
     }
 
     /// Runs `request` with `policy` in [`Pool::sandbox`], `files` copied
@@ -393,13 +412,7 @@ fn spent() -> SandboxError {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        let entries = {
-            let mut state = self.shared.lock();
-            state.closed = true;
-            std::mem::take(&mut state.ready)
-        };
-        self.shared.wake.notify_all();
-        drop(entries);
+        self.close();
         if let Some(thread) = self.refill.take() {
             let _ = thread.join();
         }
@@ -464,6 +477,9 @@ impl Shared {
 
     fn empty_reason(&self) -> String {
         let state = self.lock();
+        if state.closed {
+            return "the pool is closed".to_owned();
+        }
         match &state.last_refill_error {
             Some(error) if state.refill_failures > 0 => {
                 format!("the pool was empty; its last refill failed: {error}")
