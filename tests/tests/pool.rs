@@ -150,6 +150,34 @@ fn a_pooled_run_finds_nothing_an_earlier_pooled_run_left() {
 }
 
 #[test]
+fn a_pooled_run_ends_as_an_exit_does_threads_atexit_and_open_files_included() {
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 1, &["numpy", "pandas"]);
+    // A warm run's process ends without the interpreter's teardown: what an
+    // exit must do still happens.
+    let code = r#"
+import atexit, threading, time
+f = open("/work/unclosed.txt", "w")
+f.write("kept" * 1000)
+atexit.register(lambda: print("atexit ran"))
+def late():
+    time.sleep(0.3)
+    open("/work/thread.txt", "w").write("thread finished")
+threading.Thread(target=late).start()
+print("main done")
+"#;
+    let mut sandbox = pool.sandbox(pool.policy()).unwrap();
+    let record = sandbox.run(code);
+    assert_eq!(pooled_ok(&record), "main done\natexit ran");
+    assert_eq!(sandbox.read("/work/unclosed.txt").unwrap(), "kept".repeat(1000).into_bytes());
+    assert_eq!(sandbox.read("/work/thread.txt").unwrap(), b"thread finished");
+    // An exit status is kept.
+    pool.wait_ready(1, Duration::from_secs(120));
+    let record = run(&pool, "import sys\nsys.exit(3)");
+    assert_eq!((record.usage.start, record.exit_code), (Some(RunStart::Pooled), Some(3)));
+}
+
+#[test]
 fn randomness_differs_across_twenty_pooled_runs() {
     let _alone = exclusive();
     let pool = pool(Policy::default(), 2, &["random", "numpy"]);
