@@ -50,6 +50,7 @@ fn a_pooled_run_has_pandas_imported_and_its_files_in() {
     // Every layer of a cold run is in force.
     let cold = airlock::Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap().run("1");
     assert_eq!(cold.usage.start, Some(RunStart::Cold));
+    assert!(cold.usage.first_instruction_ms.is_some() && cold.usage.pool_wait_ms.is_none(), "{:?}", cold.usage);
     assert_eq!(record.isolation.layers, cold.isolation.layers);
     assert!(record.isolation.layers.contains(&airlock::Layer::Seccomp), "{:?}", record.isolation.layers);
 
