@@ -1344,3 +1344,53 @@ fn the_server_accepts_nothing_its_document_forbids() {
     assert!(cursor["schema"]["pattern"].is_string());
     assert_eq!(server.get(ALICE, "/v1/runs?cursor=").status(), StatusCode::BAD_REQUEST);
 }
+
+/// The pool's ready gauge, from /metrics.
+fn pool_ready(server: &Server) -> u64 {
+    let text = server.get(ALICE, "/metrics").text().unwrap();
+    let line = text.lines().find(|l| l.starts_with("airlock_pool_ready ")).expect("the server keeps a pool");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+fn wait_pool_ready(server: &Server, n: u64) {
+    let start = Instant::now();
+    while pool_ready(server) < n {
+        assert!(start.elapsed() < Duration::from_secs(120), "the pool did not refill: {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_pooled_server_answers_warm_shrinks_and_refills_under_load_and_leaves_nothing_behind() {
+    let mut server = Server::start("[pool]\nsize = 2\npreload = [\"numpy\", \"pandas\"]\n", &[]);
+    let job = json!({"code": "import pandas as pd\nprint(pd.DataFrame({'x': [1, 2, 3]}).x.sum())"});
+    for _ in 0..3 {
+        wait_pool_ready(&server, 1);
+        let (status, record) = json_of(server.post_run(ALICE, &job));
+        assert_eq!(status, StatusCode::OK, "{record}");
+        assert_eq!(record["status"], "ok", "{record}");
+        assert_eq!(record["stdout"], "6\n");
+        assert_eq!(record["usage"]["start"], "pooled", "{}", record["isolation"]);
+    }
+    // A run that asks for another memory limit cannot take a ready sandbox.
+    let (_, record) = json_of(server.post_run(ALICE, &json!({"code": "print(1)", "policy": {"memory_mb": 256}})));
+    assert_eq!(record["usage"]["start"], "cold");
+    assert!(record["isolation"]["details"]["pool"].as_str().unwrap().contains("limits"), "{record}");
+
+    // A burst past the pool: every run answers, warm or cold, none lost.
+    let records: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6).map(|_| scope.spawn(|| json_of(server.post_run(ALICE, &job)).1)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for record in &records {
+        assert_eq!(record["stdout"], "6\n", "{record}");
+    }
+    let warm = records.iter().filter(|r| r["usage"]["start"] == "pooled").count();
+    assert!(warm >= 1, "no run of the burst was warm");
+    // The pool refills after the burst.
+    wait_pool_ready(&server, 2);
+    let metrics = server.get(ALICE, "/metrics").text().unwrap();
+    assert!(metrics.contains(&format!("airlock_pool_runs_total{{served=\"warm\"}} {}", 3 + warm)), "{metrics}");
+    assert!(server.stop().success());
+    assert_nothing_left(server.pid, "");
+}

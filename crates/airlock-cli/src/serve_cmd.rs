@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use airlock_server::{FileConfig, ServerConfig};
+use airlock_server::{FileConfig, PoolConfig, ServerConfig};
 use anyhow::Context;
 use clap::Args;
 
@@ -30,7 +30,15 @@ pub struct McpArgs {
     /// The name runs are recorded under in the audit store.
     #[arg(long, value_name = "NAME")]
     principal: Option<String>,
+    /// Sandboxes kept ready, preload imported, so that a run answers in
+    /// milliseconds [default: the config's [pool], else 1]; 0: every run cold.
+    #[arg(long, value_name = "N")]
+    pool: Option<usize>,
 }
+
+/// `airlock mcp` is warm by default: an agent calls its tool many times,
+/// one at a time. Not for the wasm backend, which has no warm start.
+const MCP_POOL_SIZE: usize = 1;
 
 fn load(config: Option<&PathBuf>, files: &[String]) -> anyhow::Result<ServerConfig> {
     let mut config = match config {
@@ -71,7 +79,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
-    let config = load(args.config.as_ref(), &args.files)?;
+    let mut config = load(args.config.as_ref(), &args.files)?;
+    let wasm = config.defaults.backend.as_deref() == Some("wasm");
+    match (&mut config.pool, args.pool) {
+        (Some(pool), Some(size)) => pool.size = Some(size),
+        (None, size) if !wasm || size.is_some() => {
+            config.pool = Some(PoolConfig { size: Some(size.unwrap_or(MCP_POOL_SIZE)), ..PoolConfig::default() });
+        }
+        _ => {}
+    }
     let engine = airlock_server::start(&config)?;
     let runtime = runtime()?;
     let served =

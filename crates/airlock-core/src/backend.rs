@@ -82,6 +82,69 @@ pub trait Instance: Send {
     /// Makes later runs obey `limits` (a caller's per-run limits, already
     /// checked against the host). The rest of the policy stays as created.
     fn set_limits(&mut self, limits: Limits);
+
+    /// Makes this sandbox warm, for one run: starts its interpreter with
+    /// every layer of a cold run in force, imports `preload`, and returns
+    /// once it waits before the first byte of code. A backend that cannot
+    /// says so (the caller then runs cold).
+    fn start_warm(self: Box<Self>, preload: &[String]) -> Result<Box<dyn WarmInstance>, SandboxError> {
+        let _ = preload;
+        Err(SandboxError::Unsupported {
+            backend: "this",
+            what: "start a sandbox ahead of its run".to_owned(),
+            reason: "the backend has no warm start; runs start cold".to_owned(),
+        })
+    }
+}
+
+/// A sandbox started ahead of its run ([`Instance::start_warm`]): its
+/// interpreter waits for the code of exactly one run.
+pub trait WarmInstance: Send {
+    /// Whether it still waits (its processes alive).
+    fn is_ready(&self) -> bool;
+
+    /// Hands it to one run: copies the files in, releases the code with the
+    /// claim's limits, and returns once the run is over, with the sandbox
+    /// (for reading its outputs; then drop it: it is never run again).
+    fn claim(self: Box<Self>, claim: Claim) -> Claimed;
+}
+
+/// What a run brings to a warm sandbox.
+#[derive(Debug)]
+pub struct Claim {
+    pub job: Job,
+    /// Files to copy into /work first.
+    pub files: Vec<(SandboxPath, Vec<u8>)>,
+    /// Its own wall and CPU time (at most the warm sandbox's: the rest of
+    /// its limits are in force since it started).
+    pub wall_time: std::time::Duration,
+    pub cpu_time: std::time::Duration,
+    pub kill: KillSwitch,
+    /// When the run was asked for.
+    pub requested_at: std::time::Instant,
+}
+
+/// How a claim went.
+pub enum Claimed {
+    /// The code ran (or the sandbox failed to start it: `Err`), in this sandbox.
+    Ran { instance: Box<dyn Instance>, execution: Box<Result<Execution, SandboxError>> },
+    /// A file could not be copied in; the warm sandbox was destroyed, the code never ran.
+    Refused(SandboxError),
+    /// The warm sandbox was no longer ready (its interpreter died waiting);
+    /// nothing ran: run cold.
+    Stale(String),
+}
+
+impl std::fmt::Debug for Claimed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Claimed::Ran { execution, .. } => {
+                f.debug_struct("Ran").field("execution", execution).finish_non_exhaustive()
+            }
+            Claimed::Refused(error) => f.debug_tuple("Refused").field(error).finish(),
+            Claimed::Stale(why) => f.debug_tuple("Stale").field(why).finish(),
+        }
+    }
 }
 
 /// One piece of code to run.

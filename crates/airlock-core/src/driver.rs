@@ -26,6 +26,31 @@ pub const PROGRAM_DIR: &str = "/.airlock";
 /// Name of the report file in [`PROGRAM_DIR`]; a FIFO on the Linux backend.
 pub const REPORT_FILE: &str = "report";
 
+/// Name of the FIFO in [`PROGRAM_DIR`] on which the driver announces, one
+/// byte each, that its preload is imported ([`READY_PRELOADED`]) and that the
+/// code's first instruction runs ([`READY_CODE`]). Written from inside, so
+/// untrusted: timing only, never a status or a limit.
+pub const READY_FILE: &str = "ready";
+/// The byte a warm driver writes once its preload is imported.
+pub const READY_PRELOADED: u8 = b'P';
+/// The byte the driver writes just before the code's first instruction.
+pub const READY_CODE: u8 = b'C';
+/// Name of the FIFO in [`PROGRAM_DIR`] through which a warm driver receives
+/// its code ([`feed`]).
+pub const CODE_FIFO: &str = "code";
+
+/// How the driver starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start<'a> {
+    /// Reads the code from its file and runs it.
+    Cold,
+    /// As `Cold`, and announces the code's first instruction on [`READY_FILE`].
+    Announced,
+    /// Imports `preload`, announces it, then waits for the code on
+    /// [`CODE_FIFO`] (see [`feed`]): a sandbox made ready before its run.
+    Warm { preload: &'a [String] },
+}
+
 /// Caps on what the driver may report. The supervisor enforces them again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReportCaps {
@@ -69,38 +94,78 @@ pub struct Program {
     pub files: Vec<ProgramFile>,
     /// Whether the program writes a report to [`REPORT_FILE`].
     pub reports: bool,
+    /// Whether it announces itself on [`READY_FILE`].
+    pub announces: bool,
+    /// Whether it waits for its code on [`CODE_FIFO`].
+    pub fed: bool,
+}
+
+/// What a warm driver reads from [`CODE_FIFO`] for `job`: a line of three
+/// lengths, then the display name, the working directory and the code.
+pub fn feed(job: &Job) -> Vec<u8> {
+    let cwd = job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string);
+    let name = job.display_name();
+    let mut bytes = format!("{} {} {}\n", name.len(), cwd.len(), job.code.len()).into_bytes();
+    for part in [name, cwd.as_str(), job.code.as_str()] {
+        bytes.extend_from_slice(part.as_bytes());
+    }
+    bytes
 }
 
 /// Builds the program for `job` with `runtime`.
 pub fn program(job: &Job, runtime: &Runtime, caps: &ReportCaps) -> Program {
+    program_with(job, runtime, caps, Start::Cold)
+}
+
+/// Builds the program for `job` with `runtime`, the driver started as
+/// `start` says (a warm start is always Python, and ignores the job's code).
+pub fn program_with(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<'_>) -> Program {
+    let warm = matches!(start, Start::Warm { .. });
     match job.language {
-        Language::Python => Program {
-            argv: vec![
-                runtime.python.to_string_lossy().into_owned(),
-                // Unbuffered, so output written before a kill is not lost.
-                "-u".to_owned(),
-                format!("{PROGRAM_DIR}/driver.py"),
-                format!("{PROGRAM_DIR}/main.py"),
-                job.display_name().to_owned(),
-                format!("{PROGRAM_DIR}/{REPORT_FILE}"),
-                caps.value_chars.to_string(),
-                caps.max_figures.to_string(),
-                caps.figure_bytes.to_string(),
-                caps.max_results.to_string(),
-            ],
-            files: vec![
-                ProgramFile { name: "driver.py", content: DRIVER_SOURCE.to_owned() },
-                ProgramFile { name: "driver_report.py", content: DRIVER_REPORT_SOURCE.to_owned() },
-                ProgramFile { name: "main.py", content: job.code.clone() },
-            ],
-            reports: true,
-        },
-        Language::Sh => Program {
+        Language::Sh if !warm => Program {
             argv: vec!["/bin/sh".to_owned(), format!("{PROGRAM_DIR}/main.sh")],
             files: vec![ProgramFile { name: "main.sh", content: job.code.clone() }],
             reports: false,
+            announces: false,
+            fed: false,
         },
+        _ => python_program(job, runtime, caps, start),
     }
+}
+
+fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<'_>) -> Program {
+    let mut files = vec![
+        ProgramFile { name: "driver.py", content: DRIVER_SOURCE.to_owned() },
+        ProgramFile { name: "driver_report.py", content: DRIVER_REPORT_SOURCE.to_owned() },
+    ];
+    let code_path = match start {
+        Start::Warm { .. } => format!("{PROGRAM_DIR}/{CODE_FIFO}"),
+        Start::Cold | Start::Announced => {
+            files.push(ProgramFile { name: "main.py", content: job.code.clone() });
+            format!("{PROGRAM_DIR}/main.py")
+        }
+    };
+    let mut argv = vec![
+        runtime.python.to_string_lossy().into_owned(),
+        // Unbuffered, so output written before a kill is not lost.
+        "-u".to_owned(),
+        format!("{PROGRAM_DIR}/driver.py"),
+        code_path,
+        job.display_name().to_owned(),
+        format!("{PROGRAM_DIR}/{REPORT_FILE}"),
+        caps.value_chars.to_string(),
+        caps.max_figures.to_string(),
+        caps.figure_bytes.to_string(),
+        caps.max_results.to_string(),
+    ];
+    if start != Start::Cold {
+        argv.push(format!("{PROGRAM_DIR}/{READY_FILE}"));
+    }
+    if let Start::Warm { preload } = start {
+        argv.push("warm".to_owned());
+        argv.extend(preload.iter().cloned());
+    }
+    Program { argv, files, reports: true, announces: start != Start::Cold, fed: matches!(start, Start::Warm { .. }) }
 }
 
 /// A figure the driver returned, checked to be a PNG.

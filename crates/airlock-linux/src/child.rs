@@ -10,6 +10,7 @@
 use std::convert::Infallible;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
+use airlock_core::driver::{CODE_FIFO, READY_FILE, REPORT_FILE};
 use airlock_policy::Layer;
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
@@ -287,14 +288,19 @@ fn sandbox_init(
         .map_err(|e| Failure::new("set the hostname", "", &e.into()))?;
     network::loopback_up()?;
     let proxy = plan.proxy_listener.then(network::listen_proxy).transpose()?;
-    let report = mounts::build_run_root(&plan.program_files, plan.report_fifo)?;
+    let fifos: Vec<&str> =
+        [(plan.report_fifo, REPORT_FILE), (plan.ready_fifo, READY_FILE), (plan.code_fifo, CODE_FIFO)]
+            .into_iter()
+            .filter_map(|(wanted, name)| wanted.then_some(name))
+            .collect();
+    let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos)?;
     mounts::pivot_into_stage()?;
 
     let namespaces = JOINED_NAMESPACES.iter().map(|(kind, _)| userns::open_own(kind)).collect::<Result<Vec<_>, _>>()?;
     let handed: Vec<BorrowedFd<'_>> =
-        namespaces.iter().chain(report.iter()).chain(proxy.iter()).map(AsFd::as_fd).collect();
+        namespaces.iter().chain(handed_fifos.iter()).chain(proxy.iter()).map(AsFd::as_fd).collect();
     protocol::send(helper, &Reply::Ready, &handed).map_err(|e| Failure::new("report readiness", "", &e))?;
-    drop((namespaces, report, proxy));
+    drop((namespaces, handed_fifos, proxy));
     // The socket stays open until the init dies: its hanging up tells the
     // helper the init died, before the kernel ends the rest of the run.
     sys::close_from_except(3, helper.as_raw_fd()).map_err(|e| Failure::new("close descriptors", "", &e))?;

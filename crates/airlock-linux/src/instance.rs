@@ -5,10 +5,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use airlock_core::driver::{self, PROGRAM_DIR, REPORT_FILE, ReportCaps};
+use airlock_core::driver::{self, PROGRAM_DIR, READY_FILE, REPORT_FILE, ReportCaps};
 use airlock_core::outcome::{self, CodeEnd, Observations, Stop};
 use airlock_core::{ArtifactError, Execution, Instance, Job, KillSwitch, Runtime, SandboxError};
-use airlock_policy::{Isolation, Layer, Limit, Policy, SandboxPath, Usage};
+use airlock_policy::{Isolation, Layer, Limit, Policy, RunStart, SandboxPath, Usage};
 
 use crate::cgroup::{AIRLOCK_PROCESSES, CgroupLimits, Hierarchy, RunCgroup};
 use crate::protocol::{CgroupEntry, LandlockPlan, ProcessEnd, RunPlan};
@@ -52,19 +52,7 @@ impl std::fmt::Debug for LinuxInstance {
 
 impl Instance for LinuxInstance {
     fn write(&mut self, path: &SandboxPath, data: &[u8]) -> Result<(), SandboxError> {
-        let limits = &self.policy.limits;
-        let fail = |reason: String| SandboxError::Input { path: path.to_string(), reason };
-        if data.len() as u64 > limits.file_bytes {
-            return Err(fail(format!("{} bytes is above max_file_bytes ({})", data.len(), limits.file_bytes)));
-        }
-        if self.written + data.len() as u64 > limits.files_total_bytes {
-            return Err(fail(format!(
-                "the files copied in would total more than max_files_total_bytes ({})",
-                limits.files_total_bytes
-            )));
-        }
-        copy::write(&self.files, self.work.as_fd(), path, data)?;
-        self.written += data.len() as u64;
+        self.written = self.copy_in(self.written, path, data)?;
         Ok(())
     }
 
@@ -79,9 +67,60 @@ impl Instance for LinuxInstance {
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
         // The copy-in cap counts what was copied in for this run.
         self.written = 0;
+        self.run_as(job, kill, None)
+    }
+
+    fn start_warm(self: Box<Self>, preload: &[String]) -> Result<Box<dyn airlock_core::WarmInstance>, SandboxError> {
+        Ok(Box::new(crate::warm::WarmSandbox::start(*self, preload)?))
+    }
+}
+
+/// A warm run: its driver imports `preload`, then the run waits in `gate`
+/// for its claim.
+pub(crate) struct Warm<'a, 'g> {
+    pub preload: &'a [String],
+    pub gate: &'a mut supervise::Gate<'g>,
+}
+
+/// CPU seconds a warm run's code process may spend on its preload on top of
+/// the run's own: RLIMIT_CPU counts from the process's start, the cgroup's
+/// check (the run's limit) from the code's release.
+const PRELOAD_CPU_SECONDS: u64 = 60;
+
+impl LinuxInstance {
+    /// Copies `data` in at `path`, `written` bytes already copied for this
+    /// run; returns the new total.
+    pub(crate) fn copy_in(&self, written: u64, path: &SandboxPath, data: &[u8]) -> Result<u64, SandboxError> {
+        let limits = &self.policy.limits;
+        let fail = |reason: String| SandboxError::Input { path: path.to_string(), reason };
+        if data.len() as u64 > limits.file_bytes {
+            return Err(fail(format!("{} bytes is above max_file_bytes ({})", data.len(), limits.file_bytes)));
+        }
+        if written + data.len() as u64 > limits.files_total_bytes {
+            return Err(fail(format!(
+                "the files copied in would total more than max_files_total_bytes ({})",
+                limits.files_total_bytes
+            )));
+        }
+        copy::write(&self.files, self.work.as_fd(), path, data)?;
+        Ok(written + data.len() as u64)
+    }
+
+    /// Runs `job`, or, `warm`, starts the driver ahead of its claim (the
+    /// job then only gives the language).
+    pub(crate) fn run_as(
+        &self,
+        job: &Job,
+        kill: &KillSwitch,
+        warm: Option<Warm<'_, '_>>,
+    ) -> Result<Execution, SandboxError> {
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
-        let program = driver::program(job, &self.runtime, &caps);
+        let start = match &warm {
+            Some(warm) => driver::Start::Warm { preload: warm.preload },
+            None => driver::Start::Announced,
+        };
+        let program = driver::program_with(job, &self.runtime, &caps, start);
         let network = self.policy.network.is_enabled();
         let mut env = self.runtime.environment(&self.policy);
         if network {
@@ -97,6 +136,16 @@ impl Instance for LinuxInstance {
         if program.reports {
             writable_files.push(format!("{PROGRAM_DIR}/{REPORT_FILE}"));
         }
+        if program.announces {
+            writable_files.push(format!("{PROGRAM_DIR}/{READY_FILE}"));
+        }
+        let mut rlimits = limits::for_policy(&self.policy, self.cgroups.is_none());
+        if warm.is_some() {
+            for limit in rlimits.iter_mut().filter(|l| l.resource == crate::protocol::RlimitResource::Cpu) {
+                limit.soft += PRELOAD_CPU_SECONDS;
+                limit.hard += PRELOAD_CPU_SECONDS;
+            }
+        }
         let plan = RunPlan {
             supervisor_pid: std::process::id() as i32,
             // Filled in by `supervise::run` from the cgroup it is handed.
@@ -105,13 +154,15 @@ impl Instance for LinuxInstance {
             hostname: "airlock".to_owned(),
             program_files: program.files.iter().map(|f| (f.name.to_owned(), f.content.clone())).collect(),
             report_fifo: program.reports,
+            ready_fifo: program.announces,
+            code_fifo: program.fed,
             proxy_listener: network,
             // The proxy must serve before the code's first byte.
             hold_for_release: network,
             argv: program.argv,
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
-            rlimits: limits::for_policy(&self.policy, self.cgroups.is_none()),
+            rlimits,
             landlock: (self.landlock_abi.is_some() || landlock_required).then(|| LandlockPlan {
                 writable_dirs: ["/work", "/tmp"]
                     .into_iter()
@@ -167,6 +218,7 @@ impl Instance for LinuxInstance {
             cgroup.as_deref(),
             &watch,
             &mut start_proxy,
+            warm.map(|w| w.gate),
         )
         .map_err(|e| SandboxError::io("running the sandbox", e))?;
         if !observed.started {
@@ -245,7 +297,11 @@ impl LinuxInstance {
             },
             reached: observed.reached,
             oom_killed: stats.oom_kills > 0,
-            cpu_used: stats.cpu_usage.or(observed.rusage_cpu),
+            // A warm run's preload is not its own.
+            cpu_used: stats
+                .cpu_usage
+                .or(observed.rusage_cpu)
+                .map(|used| used.saturating_sub(observed.cpu_before_release.unwrap_or_default())),
             notes: observed.notes,
             failures: observed.failures,
             ..Observations::default()
@@ -340,6 +396,8 @@ impl LinuxInstance {
                 wall_ms: observed.wall.as_millis() as u64,
                 cpu_ms: seen.cpu_used.map(|d| d.as_millis() as u64),
                 peak_memory_bytes: stats.peak_memory_bytes,
+                start: Some(if observed.cpu_before_release.is_some() { RunStart::Pooled } else { RunStart::Cold }),
+                first_instruction_ms: observed.first_instruction.map(|d| d.as_millis() as u64),
                 ..Usage::default()
             },
             isolation: Isolation { backend: "linux".to_owned(), layers, degraded: self.degraded.clone(), details },

@@ -45,6 +45,7 @@ pub mod seccomp;
 mod supervise;
 mod sys;
 mod userns;
+mod warm;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};

@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use airlock_core::driver::{PROGRAM_DIR, REPORT_FILE};
+use airlock_core::driver::PROGRAM_DIR;
 use airlock_core::runtime::{Runtime, RuntimeFile};
 use rustix::fs::{CWD, FileType, Mode, OFlags};
 use rustix::mount::{
@@ -550,8 +550,8 @@ const WRITABLE: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
 /// Child side, for each run: a fresh /proc for the run's PID namespace with
 /// the host's kernel internals masked, and the program at /.airlock. Returns
-/// the report FIFO, opened for the supervisor, when asked for.
-pub fn build_run_root(program_files: &[(String, String)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
+/// the FIFOs named in `fifos`, in that order, each opened for the supervisor.
+pub fn build_run_root(program_files: &[(String, String)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     bind_stage_onto_itself()?;
@@ -578,13 +578,13 @@ pub fn build_run_root(program_files: &[(String, String)], report_fifo: bool) -> 
             bind(&target, &target, READ_ONLY | sys::MOUNT_ATTR_NOEXEC, true)?;
         }
     }
-    write_program(program_files, report_fifo)
+    write_program(program_files, fifos)
 }
 
 /// Mounts a small tmpfs at /.airlock holding the program, then makes it
 /// read-only. Kept apart from the stage so a full /work cannot stop the next
 /// run from starting.
-fn write_program(files: &[(String, String)], report_fifo: bool) -> Result<Option<OwnedFd>, Failure> {
+fn write_program(files: &[(String, String)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
     let step = "write the program";
     let dir = stage_path(PROGRAM_DIR);
     let bytes: usize = files.iter().map(|(_, c)| c.len().div_ceil(4096) * 4096).sum::<usize>() + 64 * 1024;
@@ -600,25 +600,25 @@ fn write_program(files: &[(String, String)], report_fifo: bool) -> Result<Option
             .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o444)))
             .map_err(|e| Failure::new(step, name.clone(), &e))?;
     }
-    let report = if report_fifo {
-        let path = dir.join(REPORT_FILE);
+    let mut opened = Vec::with_capacity(fifos.len());
+    for name in fifos {
+        let path = dir.join(name);
         rustix::fs::mknodat(CWD, &path, rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0)
-            .map_err(|e| Failure::new(step, "report FIFO", &e.into()))?;
+            .map_err(|e| Failure::new(step, format!("the {name} FIFO"), &e.into()))?;
         // Open for reading and writing, so the supervisor never sees an early
-        // end of file before the driver opens it, and never blocks on it.
+        // end of file before the driver opens it, never blocks on it, and
+        // the driver's own open never waits for the other end.
         let fd = rustix::fs::open(&path, OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| Failure::new(step, "open the report FIFO", &e.into()))?;
-        Some(fd)
-    } else {
-        None
-    };
+            .map_err(|e| Failure::new(step, format!("open the {name} FIFO"), &e.into()))?;
+        opened.push(fd);
+    }
     mount_remount(
         &dir,
         MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         options.as_str(),
     )
     .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
-    Ok(report)
+    Ok(opened)
 }
 
 /// Child side, in the run's private copy of the sandbox's mount namespace:

@@ -118,6 +118,16 @@ pub struct RunPlan {
     pub program_files: Vec<(String, String)>,
     /// Whether to make the report FIFO and hand it to the supervisor.
     pub report_fifo: bool,
+    /// Whether to make the ready FIFO (`driver::READY_FILE`), on which the
+    /// driver says when its preload is imported and when the code's first
+    /// instruction runs, and hand it to the supervisor.
+    #[serde(default)]
+    pub ready_fifo: bool,
+    /// Whether to make the code FIFO (`driver::CODE_FIFO`), through which a
+    /// warm sandbox's driver receives the code once a run claims it, and
+    /// hand it to the supervisor.
+    #[serde(default)]
+    pub code_fifo: bool,
     /// Whether to listen on 127.0.0.1:3128 inside and hand the socket over.
     pub proxy_listener: bool,
     /// Whether the helper, once the sandbox is ready, holds the code until
@@ -185,7 +195,8 @@ pub enum Reply {
     Started { pid1: i32 },
     /// The init made the run's root and the sandbox is ready for the code,
     /// which waits for [`Control::Release`]. Attached, in order: the report
-    /// FIFO if asked for, the proxy listener if asked for. (Between the init
+    /// FIFO, the ready FIFO, the code FIFO, each if asked for, then the
+    /// proxy listener if asked for. (Between the init
     /// and the helper, the init's own word that it is ready, with its
     /// namespaces first.)
     Ready,
@@ -349,6 +360,8 @@ mod tests {
             hostname: "airlock".into(),
             program_files: vec![("main.py".into(), "print('é')".into())],
             report_fifo: true,
+            ready_fifo: true,
+            code_fifo: false,
             proxy_listener: false,
             hold_for_release: false,
             argv: vec!["python".into()],

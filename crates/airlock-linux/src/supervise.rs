@@ -27,6 +27,8 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
+use airlock_core::driver;
+
 use crate::cgroup::{Placement, RunCgroup};
 use crate::drain::Stream;
 use crate::protocol::{self, CgroupEntry, Control, Failure, ProcessEnd, Reply, Request, RunPlan};
@@ -97,7 +99,33 @@ pub struct Observed {
     pub notes: Vec<String>,
     /// CPU time of the helper and its reaped descendants, for hosts without a cgroup.
     pub rusage_cpu: Option<Duration>,
+    /// A warm run's CPU time (the cgroup's) when its code was released: the
+    /// preload's, not charged to the run.
+    pub cpu_before_release: Option<Duration>,
+    /// From the run's request (a cold run: the helper's start) to the code's
+    /// first instruction, as the driver announced it.
+    pub first_instruction: Option<Duration>,
 }
+
+/// What a claim gives a warm run (its driver blocked on the code FIFO,
+/// preload imported) when it releases the code. From then on the run is
+/// the claim's: its clocks, its kill switch, its standard input.
+pub struct Release {
+    /// The bytes for the code FIFO (`driver::feed`).
+    pub feed: Vec<u8>,
+    pub stdin: Vec<u8>,
+    pub wall_time: Duration,
+    pub cpu_time: Duration,
+    pub kill: KillSwitch,
+    /// When the run was asked for: where its time to first instruction starts.
+    pub requested_at: Instant,
+}
+
+/// Called once, when a warm run's driver says its preload is imported; the
+/// argument tells whether the run still stands (the code's process and the
+/// helper alive). Returns the release of the run that claimed it, or `None`
+/// to end the run unclaimed.
+pub type Gate<'a> = dyn FnMut(&dyn Fn() -> bool) -> Option<Release> + 'a;
 
 /// The descriptors handed to the run that stay with the sandbox.
 pub struct SandboxFds<'a> {
@@ -141,6 +169,8 @@ pub fn recv_within(socket: BorrowedFd<'_>, timeout: Duration) -> io::Result<Opti
 
 /// Runs `plan` and watches it. Returns `Err` only when the helper could not
 /// even be started; after that, everything is in the [`Observed`].
+/// With a `gate`, the run is warm: the code's process starts at once and
+/// imports the preload, and the run waits in the gate for its claim.
 pub fn run(
     helper: &Path,
     plan: RunPlan,
@@ -148,26 +178,41 @@ pub fn run(
     cgroup: Option<&dyn RunCgroup>,
     watch: &Watch<'_>,
     on_proxy: &mut ProxyStart<'_>,
+    gate: Option<&mut Gate<'_>>,
 ) -> io::Result<Observed> {
     let mut run = Run::start(helper, plan, sandbox, cgroup, watch, on_proxy)?;
+    run.gate = gate;
     while !run.helper_done {
         run.turn();
     }
     Ok(run.finish())
 }
 
-/// The code's standard input: the caller's bytes through a pipe.
-struct Stdin<'a> {
+/// Bytes written into a pipe as it takes them: the code's standard input,
+/// a warm run's code.
+struct Feed {
     fd: OwnedFd,
-    rest: &'a [u8],
+    bytes: Vec<u8>,
+    written: usize,
 }
 
+/// The most bytes kept from the ready FIFO, which the code can write too.
+const READY_BYTES: usize = 4096;
+
 /// One run, from the supervisor's side.
-struct Run<'a, 'w, 'p> {
+struct Run<'a, 'w, 'p, 'g> {
     watch: &'a Watch<'w>,
     cgroup: Option<&'a dyn RunCgroup>,
     on_proxy: &'a mut ProxyStart<'p>,
+    /// A warm run's wait for its claim; taken when the preload is imported.
+    gate: Option<&'a mut Gate<'g>>,
+    /// The limits and the switch in force: the watch's, or a claim's.
+    wall_time: Duration,
+    cpu_time: Duration,
+    kill: KillSwitch,
     wants_report: bool,
+    wants_ready: bool,
+    wants_code: bool,
     wants_proxy: bool,
     /// The helper holds the code until it is released.
     holds: bool,
@@ -188,7 +233,16 @@ struct Run<'a, 'w, 'p> {
     stdout: Stream,
     stderr: Stream,
     report: Option<Stream>,
-    stdin: Option<Stdin<'w>>,
+    /// The driver's announcements (`driver::READY_FILE`), and how many bytes came.
+    ready: Option<(OwnedFd, usize)>,
+    /// The code FIFO of a warm run, held until the run is over.
+    code: Option<OwnedFd>,
+    /// A warm run's standard input, held until its claim gives the bytes.
+    stdin_held: Option<OwnedFd>,
+    /// Where the time to first instruction starts.
+    requested_at: Instant,
+    stdin: Option<Feed>,
+    feed: Option<Feed>,
     null: OwnedFd,
     sampler: Sampler<'w>,
     observed: Observed,
@@ -202,10 +256,12 @@ enum Source {
     Stdout,
     Stderr,
     Report,
+    Ready,
     Stdin,
+    Feed,
 }
 
-impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
+impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
     fn start(
         helper: &Path,
         plan: RunPlan,
@@ -213,8 +269,9 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         cgroup: Option<&'a dyn RunCgroup>,
         watch: &'a Watch<'w>,
         on_proxy: &'a mut ProxyStart<'p>,
-    ) -> io::Result<Run<'a, 'w, 'p>> {
+    ) -> io::Result<Run<'a, 'w, 'p, 'g>> {
         let (wants_report, wants_proxy, holds) = (plan.report_fifo, plan.proxy_listener, plan.hold_for_release);
+        let (wants_ready, wants_code) = (plan.ready_fifo, plan.code_fifo);
         // How the run enters its cgroup follows from the cgroup itself, so
         // the plan and the descriptors sent with it cannot disagree.
         let placement = cgroup.map(|c| c.placement()).transpose()?;
@@ -235,13 +292,18 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         let open =
             |flags| rustix::fs::open("/dev/null", flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty());
         let null = open(rustix::fs::OFlags::WRONLY)?;
-        // stdin: the caller's bytes through a pipe, or /dev/null.
-        let (stdin_read, stdin) = if watch.stdin.is_empty() {
-            (open(rustix::fs::OFlags::RDONLY)?, None)
+        // stdin: the caller's bytes through a pipe, or /dev/null; a warm
+        // run's always a pipe, whose bytes (maybe none) its claim gives.
+        let (stdin_read, stdin, stdin_held) = if watch.stdin.is_empty() && !wants_code {
+            (open(rustix::fs::OFlags::RDONLY)?, None, None)
         } else {
             let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
             rustix::fs::fcntl_setfl(&w, rustix::fs::OFlags::NONBLOCK)?;
-            (r, Some(Stdin { fd: w, rest: watch.stdin }))
+            if wants_code {
+                (r, None, Some(w))
+            } else {
+                (r, Some(Feed { fd: w, bytes: watch.stdin.to_vec(), written: 0 }), None)
+            }
         };
 
         let (mut child, socket) = spawn_helper(helper, &[])?;
@@ -274,7 +336,13 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
             watch,
             cgroup,
             on_proxy,
+            gate: None,
+            wall_time: watch.wall_time,
+            cpu_time: watch.cpu_time,
+            kill: watch.kill.clone(),
             wants_report,
+            wants_ready,
+            wants_code,
             wants_proxy,
             holds,
             helper: child,
@@ -291,7 +359,12 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
             stdout: Stream::new(stdout_read, watch.output_bytes),
             stderr: Stream::new(stderr_read, watch.output_bytes),
             report: None,
+            ready: None,
+            code: None,
+            stdin_held,
+            requested_at: now,
             stdin,
+            feed: None,
             null,
             sampler: Sampler::new(watch.stage, watch.open_files),
             observed: Observed::default(),
@@ -315,9 +388,15 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
                 fds.push(PollFd::new(stream.fd(), PollFlags::IN));
             }
         }
-        if let Some(stdin) = &self.stdin {
-            slots.push(Source::Stdin);
-            fds.push(PollFd::new(&stdin.fd, PollFlags::OUT));
+        if let Some((ready, _)) = &self.ready {
+            slots.push(Source::Ready);
+            fds.push(PollFd::new(ready, PollFlags::IN));
+        }
+        for (source, feed) in [(Source::Stdin, &self.stdin), (Source::Feed, &self.feed)] {
+            if let Some(feed) = feed {
+                slots.push(source);
+                fds.push(PollFd::new(&feed.fd, PollFlags::OUT));
+            }
         }
         let timeout = self.next_wake().saturating_duration_since(now).max(Duration::from_micros(100));
         let ts = rustix::time::Timespec::try_from(timeout).unwrap_or(rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 });
@@ -344,7 +423,9 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
                 Source::Stdout => self.on_output(Source::Stdout, now),
                 Source::Stderr => self.on_output(Source::Stderr, now),
                 Source::Report => self.on_output(Source::Report, now),
-                Source::Stdin => self.on_stdin(),
+                Source::Ready => self.on_ready_fifo(),
+                Source::Stdin => self.stdin = write_some(self.stdin.take()),
+                Source::Feed => self.feed = write_some(self.feed.take()),
             }
         }
     }
@@ -352,7 +433,7 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
     /// The earliest deadline or check.
     fn next_wake(&self) -> Instant {
         let deadline = match self.started_at {
-            Some(started) => started + self.watch.wall_time,
+            Some(started) => started + self.wall_time,
             None => self.spawned_at + SETUP_TIMEOUT,
         };
         let mut wake = self.next_check.min(deadline);
@@ -368,17 +449,20 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         let running = self.ended_at.is_none();
         match self.started_at {
             None if now.duration_since(self.spawned_at) > SETUP_TIMEOUT => self.kill(KillReason::SetupTimeout),
-            Some(started) if running && now.duration_since(started) >= self.watch.wall_time => {
+            Some(started) if running && now.duration_since(started) >= self.wall_time => {
                 self.kill(KillReason::WallTime)
             }
             _ => {}
         }
         if now >= self.next_check {
             self.next_check = now + CHECK_INTERVAL;
-            if self.watch.kill.is_killed() {
+            if self.kill.is_killed() {
                 self.kill(KillReason::Requested);
             }
-            if running && self.cgroup.and_then(|c| c.cpu_usage()).is_some_and(|used| used >= self.watch.cpu_time) {
+            // A warm run's clock starts at its release: the preload is not its own.
+            let before = self.observed.cpu_before_release.unwrap_or_default();
+            let used = self.cgroup.and_then(|c| c.cpu_usage()).map(|used| used.saturating_sub(before));
+            if running && self.started_at.is_some() && used.is_some_and(|used| used >= self.cpu_time) {
                 self.kill(KillReason::CpuTime);
             }
             if running && self.cgroup.is_some_and(|c| c.socket_memory_exhausted()) {
@@ -413,17 +497,66 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         }
     }
 
-    fn on_stdin(&mut self) {
-        let Some(stdin) = &mut self.stdin else { return };
-        match rustix::io::write(&stdin.fd, stdin.rest) {
-            Ok(n) => stdin.rest = &stdin.rest[n..],
-            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
-            // EPIPE: the code closed its stdin; the rest is not wanted.
-            Err(_) => stdin.rest = &[],
+    /// The driver's announcements: a warm run's preload is imported (its
+    /// claim is waited for here), the code's first instruction runs.
+    fn on_ready_fifo(&mut self) {
+        let Some((fd, seen)) = &mut self.ready else { return };
+        let mut buf = [0u8; 256];
+        let bytes = match rustix::io::read(&*fd, &mut buf) {
+            Ok(n) => buf[..n].to_vec(),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return,
+            Err(_) => Vec::new(),
+        };
+        *seen += bytes.len();
+        if bytes.is_empty() || *seen > READY_BYTES {
+            // The code may write here too: past a few bytes, nothing more is read.
+            self.ready = None;
         }
-        if stdin.rest.is_empty() {
-            self.stdin = None;
+        for byte in bytes {
+            match byte {
+                driver::READY_PRELOADED if self.gate.is_some() => self.on_preloaded(),
+                driver::READY_CODE if self.observed.first_instruction.is_none() && self.feed_done() => {
+                    self.observed.first_instruction = Some(self.requested_at.elapsed());
+                }
+                _ => {}
+            }
         }
+    }
+
+    /// Whether the code (a warm run's) was released and written whole.
+    fn feed_done(&self) -> bool {
+        self.started_at.is_some() && self.feed.is_none()
+    }
+
+    /// A warm run's preload is imported: wait for the claim, then release
+    /// the code to it.
+    fn on_preloaded(&mut self) {
+        let Some(gate) = self.gate.take() else { return };
+        // Whatever the helper said meanwhile (the code's start, its end) first.
+        self.on_socket();
+        let (socket, helper) = (self.socket.as_fd(), self.helper_pidfd.as_fd());
+        let ended = self.ended_at.is_some() || self.observed.killed.is_some() || !self.observed.failures.is_empty();
+        let alive = || !ended && !readable(socket) && !readable(helper);
+        let Some(release) = gate(&alive) else {
+            self.kill(KillReason::Requested);
+            return;
+        };
+        let now = Instant::now();
+        self.wall_time = release.wall_time;
+        self.cpu_time = release.cpu_time;
+        self.kill = release.kill;
+        self.requested_at = release.requested_at;
+        self.observed.cpu_before_release = Some(self.cgroup.and_then(|c| c.cpu_usage()).unwrap_or_default());
+        self.stdin = self.stdin_held.take().map(|fd| Feed { fd, bytes: release.stdin, written: 0 });
+        // Our end stays open until the run is over: a FIFO whose every end
+        // is closed drops what it holds, and the driver may not have opened
+        // it yet when the code is all written.
+        match self.code.as_ref().map(OwnedFd::try_clone).transpose() {
+            Ok(fd) => self.feed = fd.map(|fd| Feed { fd, bytes: release.feed, written: 0 }),
+            Err(e) => self.fail(format!("the code could not be released (dup: {e})")),
+        }
+        self.started_at = Some(now);
+        self.sampler.start(now);
     }
 
     /// The helper's messages (a handful per run).
@@ -451,13 +584,16 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
             }
             Reply::Ready => self.on_ready(fds),
             Reply::CodeStarted { code_pid, layers, landlock_abi } => {
-                let now = Instant::now();
-                self.started_at = Some(now);
                 self.observed.started = true;
                 self.observed.layers = layers;
                 self.observed.landlock_abi = landlock_abi;
                 self.roots.push(code_pid);
-                self.sampler.start(now);
+                // A warm run's clock starts when a claim releases its code.
+                if !self.wants_code {
+                    let now = Instant::now();
+                    self.started_at = Some(now);
+                    self.sampler.start(now);
+                }
             }
             Reply::Ended { code, init_first } => {
                 self.ended_at = Some(Instant::now());
@@ -483,6 +619,12 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         let mut fds = fds.into_iter();
         if self.wants_report {
             self.report = fds.next().map(|fd| Stream::new(fd, self.watch.report_bytes as u64));
+        }
+        if self.wants_ready {
+            self.ready = fds.next().map(|fd| (fd, 0));
+        }
+        if self.wants_code {
+            self.code = fds.next();
         }
         // No listener handed over counts as a proxy that did not start.
         if self.wants_proxy && !fds.next().is_some_and(&mut *self.on_proxy) {
@@ -574,6 +716,25 @@ impl<'a, 'w, 'p> Run<'a, 'w, 'p> {
         drop(self.helper);
         self.observed
     }
+}
+
+/// Writes what the pipe takes now; the feed, or `None` once it is all written
+/// (closing our end) or the reader has gone (EPIPE: the rest is not wanted).
+fn write_some(feed: Option<Feed>) -> Option<Feed> {
+    let mut feed = feed?;
+    match rustix::io::write(&feed.fd, &feed.bytes[feed.written..]) {
+        Ok(n) => feed.written += n,
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+        Err(_) => return None,
+    }
+    (feed.written < feed.bytes.len()).then_some(feed)
+}
+
+/// Whether `fd` has something to read (a message, a process's end) now.
+fn readable(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+    !matches!(poll(&mut fds, Some(&zero)), Ok(0))
 }
 
 /// One message if one is waiting (a [`Reply`], or the wasm worker's).

@@ -25,7 +25,7 @@ pub use path::{SandboxPath, SandboxPathError, WORK_DIR};
 pub use policy::{BackendKind, HostFacts, Layer, Limits, NetworkPolicy, OutputOverflow, Policy, PolicyError};
 pub use record::{
     ArtifactRecord, DisplayResult, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Limit,
-    NetworkEvent, NetworkRecord, NetworkVerdict, RECORD_SCHEMA_VERSION, ResultKind, RunRecord, Status, Usage,
+    NetworkEvent, NetworkRecord, NetworkVerdict, RECORD_SCHEMA_VERSION, ResultKind, RunRecord, RunStart, Status, Usage,
 };
 pub use schema::{SchemaViolation, validate};
 pub use spec::PolicySpec;

@@ -298,6 +298,31 @@ pub struct Usage {
     /// Whether that image was already built (`false`: this run paid for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_cached: Option<bool>,
+    /// How the run's sandbox started: made for it, or taken ready from a pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<RunStart>,
+    /// A pooled run: milliseconds its sandbox waited ready, its preload
+    /// imported, before this run claimed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_wait_ms: Option<u64>,
+    /// Milliseconds from the run's request to the code's first instruction,
+    /// as the Python driver announced it (the driver runs inside the
+    /// sandbox: a timing, never a verdict). Absent for shell code, and when
+    /// the code never ran (a syntax error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_instruction_ms: Option<u64>,
+}
+
+/// How a run's sandbox started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStart {
+    /// Made for this run: a fresh interpreter, imports paid by the run.
+    Cold,
+    /// Taken from a pool: made before the run was asked for, every layer of
+    /// a cold start in force, its interpreter started and its preload
+    /// imported; its clocks start when the code is released. Never reused.
+    Pooled,
 }
 
 /// Which isolation was in force for the run.

@@ -36,7 +36,17 @@
 //! [[files]]                     # copied into every run's /work
 //! host = "/srv/data/sales.csv"
 //! sandbox = "/work/sales.csv"   # [default: /work/<file name>]
+//!
+//! [pool]                        # sandboxes kept ready for the image, preload imported
+//! size = 2                      # [default: 2 with [pool], none without; `airlock mcp`: 1]; 0 turns it off
+//! preload = ["numpy", "pandas", "matplotlib"]  # modules imported ahead [default: these]
+//! idle_expiry_s = 600           # a ready sandbox older than this is made anew [default: 600]
 //! ```
+//!
+//! A pooled run answers without paying for its interpreter and imports;
+//! only a run with the defaults' policy (its own files, code, input, and a
+//! lower timeout) can take a ready sandbox, any other runs cold (see
+//! `airlock::pool`).
 //!
 //! A field left out of `[ceiling]` keeps the library's default as its
 //! ceiling, and one left out of `[defaults]` keeps the library's default; the
@@ -47,7 +57,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use airlock::audit::{ContentsPolicy, DEFAULT_CONTENTS_QUOTA, KeepContents};
-use airlock::{CopyIn, CopyInError, HostFacts, Policy, PolicyError, PolicySpec, Runtime, SandboxPath};
+use airlock::{CopyIn, CopyInError, HostFacts, Policy, PolicyError, PolicySpec, PoolOptions, Runtime, SandboxPath};
 use serde::Deserialize;
 use sha2::Digest;
 
@@ -90,7 +100,21 @@ pub struct ServerConfig {
     pub tokens: Vec<TokenConfig>,
     #[serde(default)]
     pub files: Vec<FileConfig>,
+    pub pool: Option<PoolConfig>,
 }
+
+/// `[pool]`: sandboxes kept ready for the server's image and defaults.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub size: Option<usize>,
+    pub preload: Option<Vec<String>>,
+    pub idle_expiry_s: Option<f64>,
+}
+
+/// The most sandboxes a pool keeps ready: each holds an interpreter with
+/// its preload (about 100 MB with pandas).
+pub const MAX_POOL_SIZE: usize = 64;
 
 /// A bearer token, kept as the SHA-256 of the token: the file never holds
 /// the token itself.
@@ -196,6 +220,8 @@ pub struct Settings {
     pub audit_db: PathBuf,
     /// Which contents the audit store keeps, and how much in all.
     pub contents: ContentsPolicy,
+    /// The pool of ready sandboxes, if any.
+    pub pool: Option<PoolOptions>,
 }
 
 impl Settings {
@@ -254,6 +280,7 @@ impl Settings {
             .checked_mul(1 << 20)
             .ok_or_else(|| invalid("contents_quota_mb", &format!("{quota_mb} MiB is more than any disk holds")))?;
         let contents = ContentsPolicy { keep: config.keep_contents.unwrap_or_default(), quota_bytes };
+        let pool = config.pool.as_ref().map(check_pool).transpose()?.filter(|p| p.size > 0);
         Ok(Settings {
             listen: config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
             concurrency,
@@ -270,6 +297,7 @@ impl Settings {
             files,
             audit_db: config.audit_db.clone().unwrap_or(default_audit_db),
             contents,
+            pool,
         })
     }
 
@@ -302,6 +330,35 @@ pub fn resolve_runtime(config: &ServerConfig) -> Result<Runtime, airlock::Error>
     let name = config.image.as_deref().unwrap_or(airlock::image::DEFAULT_IMAGE).to_owned();
     let mut progress = |event: airlock::image::BuildEvent| eprintln!("airlock: image {name}: {event:?}");
     airlock::resolve_runtime(backend, config.image.as_deref(), config.python.as_deref(), &mut progress)
+}
+
+fn check_pool(pool: &PoolConfig) -> Result<PoolOptions, ConfigError> {
+    let defaults = PoolOptions::default();
+    let size = pool.size.unwrap_or(defaults.size);
+    if size > MAX_POOL_SIZE {
+        return Err(invalid(
+            "pool.size",
+            &format!("{size} ready sandboxes is more than {MAX_POOL_SIZE}; each holds an interpreter and its imports"),
+        ));
+    }
+    let preload = pool.preload.clone().unwrap_or(defaults.preload);
+    if let Some(bad) = preload.iter().find(|m| {
+        m.is_empty()
+            || !m.split('.').all(|part| !part.is_empty() && part.chars().all(|c| c.is_alphanumeric() || c == '_'))
+    }) {
+        return Err(invalid(
+            "pool.preload",
+            &format!("{bad:?} is not a module name (like \"pandas\" or \"matplotlib.pyplot\")"),
+        ));
+    }
+    let idle_expiry = match pool.idle_expiry_s {
+        None => defaults.idle_expiry,
+        Some(s) if s.is_finite() && (1.0..=86_400.0).contains(&s) => Duration::from_secs_f64(s),
+        Some(s) => {
+            return Err(invalid("pool.idle_expiry_s", &format!("{s} is not a number of seconds from 1 to 86400")));
+        }
+    };
+    Ok(PoolOptions { size, preload, idle_expiry })
 }
 
 /// The lower-case hex SHA-256 of a token, as the config keeps it.
@@ -428,5 +485,27 @@ mod tests {
         let error = settings("[[files]]\nhost = \"/nonexistent/x.csv\"").unwrap_err().to_string();
         assert!(error.contains("/nonexistent/x.csv"), "{error}");
         assert_eq!(FileConfig::parse("a.csv:/work/b.csv").sandbox.as_deref(), Some("/work/b.csv"));
+    }
+
+    #[test]
+    fn the_pool_is_off_without_its_section_and_checked_with_it() {
+        assert!(settings("").unwrap().pool.is_none());
+        assert!(settings("[pool]\nsize = 0").unwrap().pool.is_none());
+        let pool = settings("[pool]").unwrap().pool.unwrap();
+        assert_eq!(pool, PoolOptions::default());
+        let pool = settings("[pool]\nsize = 4\npreload = [\"numpy\", \"matplotlib.pyplot\"]\nidle_expiry_s = 30")
+            .unwrap()
+            .pool
+            .unwrap();
+        assert_eq!((pool.size, pool.preload.len(), pool.idle_expiry), (4, 2, Duration::from_secs(30)));
+        for (bad, setting) in [
+            ("size = 1000", "pool.size"),
+            ("preload = [\"os; import x\"]", "pool.preload"),
+            ("preload = [\"\"]", "pool.preload"),
+            ("idle_expiry_s = 0", "pool.idle_expiry_s"),
+        ] {
+            let error = settings(&format!("[pool]\n{bad}")).unwrap_err().to_string();
+            assert!(error.contains(setting), "{bad}: {error}");
+        }
     }
 }

@@ -121,6 +121,8 @@ pub struct Engine {
     /// Set when the grace period is over: every run is being killed.
     killing: AtomicBool,
     tasks: TaskTracker,
+    /// Sandboxes kept ready for runs with the defaults' policy.
+    pool: Option<airlock::Pool>,
 }
 
 impl Engine {
@@ -140,7 +142,19 @@ impl Engine {
             accepting: AtomicBool::new(true),
             killing: AtomicBool::new(false),
             tasks: TaskTracker::new(),
+            pool: None,
         }
+    }
+
+    /// Serves runs from `pool` (made for the defaults' policy and the
+    /// settings' runtime) when they fit it.
+    pub fn with_pool(mut self, pool: airlock::Pool) -> Engine {
+        self.pool = Some(pool);
+        self
+    }
+
+    pub fn pool(&self) -> Option<&airlock::Pool> {
+        self.pool.as_ref()
     }
 
     pub fn settings(&self) -> &Settings {
@@ -179,6 +193,17 @@ impl Engine {
             sandboxes_active: self.active_runs(),
             slots: self.settings.concurrency,
             queue_capacity: self.settings.queue,
+            pool: self.pool.as_ref().map(|pool| {
+                let stats = pool.stats();
+                crate::metrics::PoolGauges {
+                    ready: stats.ready as u64,
+                    hits: stats.hits,
+                    misses: stats.misses,
+                    unsuited: stats.unsuited,
+                    refills: stats.refills,
+                    refill_failures: stats.refill_failures,
+                }
+            }),
         }
     }
 
@@ -246,6 +271,14 @@ impl Engine {
             self.kill_all();
             self.tasks.wait().await;
         }
+        self.close_pool();
+    }
+
+    /// Destroys the ready sandboxes; no more are made.
+    fn close_pool(&self) {
+        if let Some(pool) = &self.pool {
+            pool.close();
+        }
     }
 
     /// Stops taking runs and kills the running ones at once (each is still
@@ -256,6 +289,7 @@ impl Engine {
         self.tasks.close();
         self.kill_all();
         self.tasks.wait().await;
+        self.close_pool();
     }
 
     /// Kills every run now, and every run whose sandbox is being made.
@@ -280,8 +314,11 @@ impl Engine {
         stopped: &Arc<OnceLock<StopReason>>,
     ) -> Result<RunRecord, RunError> {
         let Prepared { policy, files, request } = prepared;
-        let mut sandbox = Sandbox::with_runtime(policy, self.settings.runtime.clone())
-            .map_err(|error| RunError::Sandbox(error.to_string()))?;
+        let sandbox = match &self.pool {
+            Some(pool) => pool.sandbox(&policy),
+            None => Sandbox::with_runtime(policy, self.settings.runtime.clone()),
+        };
+        let mut sandbox = sandbox.map_err(|error| RunError::Sandbox(error.to_string()))?;
         sandbox.set_audit(Some(audit));
         let _registered = Registered::new(self, sandbox.kill_switch());
         // A watcher on the runtime turns a cancellation into a kill.

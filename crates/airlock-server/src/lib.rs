@@ -43,7 +43,7 @@ use std::sync::Arc;
 use airlock::audit::AuditStore;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{ConfigError, FileConfig, ServerConfig, Settings, TokenConfig, token_sha256};
+pub use config::{ConfigError, FileConfig, PoolConfig, ServerConfig, Settings, TokenConfig, token_sha256};
 pub use engine::{Engine, RunError, RunJob};
 pub use mcp::McpServer;
 
@@ -72,7 +72,17 @@ pub fn start(config: &ServerConfig) -> Result<Arc<Engine>, StartError> {
     let store = settings.audit_db.with_extension("artifacts");
     let artifacts = artifacts::ArtifactStore::open(store.clone(), settings.artifact_store_bytes)
         .map_err(|error| StartError::Other(format!("the artefact store {}: {error}", store.display())))?;
-    Ok(Arc::new(Engine::new(settings, audit, artifacts)))
+    let pool = match &settings.pool {
+        Some(options) => {
+            Some(airlock::Pool::new(settings.defaults.clone(), Some(settings.runtime.clone()), options.clone())?)
+        }
+        None => None,
+    };
+    let engine = Engine::new(settings, audit, artifacts);
+    Ok(Arc::new(match pool {
+        Some(pool) => engine.with_pool(pool),
+        None => engine,
+    }))
 }
 
 /// Serves the HTTP API and MCP at `/mcp` on `listener` until `shutdown`

@@ -36,6 +36,19 @@ pub struct Gauges {
     pub sandboxes_active: usize,
     pub slots: usize,
     pub queue_capacity: usize,
+    /// The pool of ready sandboxes, when the server keeps one.
+    pub pool: Option<PoolGauges>,
+}
+
+/// What the pool has done (counters) and holds (`ready`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolGauges {
+    pub ready: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub unsuited: u64,
+    pub refills: u64,
+    pub refill_failures: u64,
 }
 
 impl Metrics {
@@ -107,6 +120,16 @@ impl Metrics {
         gauge(&mut out, "airlock_queue_capacity", "Runs that may wait for a slot.", gauges.queue_capacity as u64);
         gauge(&mut out, "airlock_sandboxes_active", "Sandboxes alive now.", gauges.sandboxes_active as u64);
         gauge(&mut out, "airlock_run_slots", "Runs that may go on at once.", gauges.slots as u64);
+        if let Some(pool) = gauges.pool {
+            gauge(&mut out, "airlock_pool_ready", "Sandboxes ready in the pool, preload imported.", pool.ready);
+            head(&mut out, "airlock_pool_runs_total", "counter", "Runs by how the pool served them.");
+            for (served, count) in [("warm", pool.hits), ("empty", pool.misses), ("unsuited", pool.unsuited)] {
+                let _ = writeln!(out, "airlock_pool_runs_total{{served=\"{served}\"}} {count}");
+            }
+            head(&mut out, "airlock_pool_refills_total", "counter", "Sandboxes the pool made ready, or failed to.");
+            let _ = writeln!(out, "airlock_pool_refills_total{{result=\"ok\"}} {}", pool.refills);
+            let _ = writeln!(out, "airlock_pool_refills_total{{result=\"failed\"}} {}", pool.refill_failures);
+        }
         if let Some(rss) = resident_memory_bytes() {
             gauge(&mut out, "process_resident_memory_bytes", "Resident memory of the server.", rss);
         }
@@ -140,7 +163,14 @@ mod tests {
         metrics.record_run(Status::Ok, 40);
         metrics.record_run(Status::Timeout, 3_000);
         metrics.record_rejection(Rejection::Busy);
-        let text = metrics.render(Gauges { queue_depth: 3, sandboxes_active: 2, slots: 2, queue_capacity: 8 });
+        let pool = PoolGauges { ready: 2, hits: 5, misses: 1, unsuited: 0, refills: 7, refill_failures: 0 };
+        let text = metrics.render(Gauges {
+            queue_depth: 3,
+            sandboxes_active: 2,
+            slots: 2,
+            queue_capacity: 8,
+            pool: Some(pool),
+        });
         for status in Status::ALL {
             assert!(text.contains(&format!("airlock_runs_total{{status=\"{status}\"}}")), "{status}");
         }
@@ -153,5 +183,8 @@ mod tests {
         assert!(text.contains("airlock_sandboxes_active 2\n"));
         assert!(text.contains("airlock_runs_rejected_total{reason=\"busy\"} 1\n"));
         assert!(text.contains("process_resident_memory_bytes "));
+        assert!(text.contains("airlock_pool_ready 2\n"));
+        assert!(text.contains("airlock_pool_runs_total{served=\"warm\"} 5\n"));
+        assert!(text.contains("airlock_pool_refills_total{result=\"ok\"} 7\n"));
     }
 }

@@ -447,6 +447,9 @@ mod tests {
                 peak_memory_bytes: Some(1),
                 image_ms: Some(1),
                 image_cached: Some(true),
+                start: Some(airlock::RunStart::Pooled),
+                pool_wait_ms: Some(1),
+                first_instruction_ms: Some(1),
             },
             isolation: Isolation {
                 backend: "linux".into(),

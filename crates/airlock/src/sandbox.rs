@@ -292,6 +292,19 @@ impl Sandbox {
         Ok(Sandbox { instance, policy, runtime, inputs: Vec::new(), kill: KillSwitch::new(), audit: None, image_cost })
     }
 
+    /// A sandbox around an instance made elsewhere (a pool's).
+    pub(crate) fn from_instance(instance: Box<dyn Instance>, policy: Policy, runtime: Runtime) -> Sandbox {
+        Sandbox {
+            instance,
+            policy,
+            runtime,
+            inputs: Vec::new(),
+            kill: KillSwitch::new(),
+            audit: None,
+            image_cost: None,
+        }
+    }
+
     /// Records every later run in `audit` (or in none).
     pub fn set_audit(&mut self, audit: Option<Audit>) {
         self.audit = audit;

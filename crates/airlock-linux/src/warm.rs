@@ -1,0 +1,193 @@
+//! A warm sandbox: one run started ahead of demand, with every layer of a
+//! cold run in force (its own host ids, namespaces, mounts, cgroup,
+//! rlimits, Landlock, seccomp), whose driver has imported the preload and
+//! waits, blocked on the code FIFO, before the first byte of code. A claim
+//! copies its files in and releases its code; the sandbox is then that
+//! run's alone, and destroyed after it: never run twice.
+//!
+//! The supervisor's loop for the run lives on a thread of its own, which
+//! waits in the run's gate (`supervise::Gate`) for the claim. Only the
+//! claim's clocks count: the wall clock and the CPU time start at the
+//! release (the cgroup's usage then is subtracted); memory the preload
+//! holds stays in the run's cgroup, under its memory limit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use airlock_core::backend::{Claim, Claimed, WarmInstance};
+use airlock_core::{Execution, Job, KillSwitch, SandboxError, driver};
+use airlock_policy::Language;
+
+use crate::instance::{LinuxInstance, Warm};
+use crate::supervise::Release;
+
+/// A [`LinuxInstance`] started warm.
+pub struct WarmSandbox {
+    /// Dropping it ends the run unclaimed.
+    claims: Option<mpsc::SyncSender<Request>>,
+    thread: Option<JoinHandle<()>>,
+    /// Set once the run has ended.
+    ended: Arc<AtomicBool>,
+}
+
+struct Request {
+    claim: Claim,
+    reply: mpsc::Sender<Claimed>,
+}
+
+impl WarmSandbox {
+    /// Starts `instance` warm; returns once its preload is imported.
+    pub fn start(instance: LinuxInstance, preload: &[String]) -> Result<WarmSandbox, SandboxError> {
+        let refuse = |reason: &str| SandboxError::Unsupported {
+            backend: "linux",
+            what: "start this sandbox warm".to_owned(),
+            reason: reason.to_owned(),
+        };
+        if instance.cgroups.is_none() {
+            return Err(refuse("without a cgroup the preload's CPU time could not be told from the run's"));
+        }
+        if instance.policy.network.is_enabled() {
+            return Err(refuse("a run with allowed hosts starts its proxy at the release; it runs cold"));
+        }
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (claims, claim_rx) = mpsc::sync_channel(1);
+        let ended = Arc::new(AtomicBool::new(false));
+        let preload = preload.to_vec();
+        let flag = ended.clone();
+        let thread = std::thread::Builder::new()
+            .name("airlock-warm".to_owned())
+            .spawn(move || {
+                hold(instance, &preload, &ready_tx, &claim_rx);
+                flag.store(true, Ordering::SeqCst);
+            })
+            .map_err(|e| SandboxError::io("starting a warm sandbox's thread", e))?;
+        let ready = ready_rx.recv();
+        let mut warm = WarmSandbox { claims: Some(claims), thread: Some(thread), ended };
+        match ready {
+            Ok(Ok(())) => Ok(warm),
+            Ok(Err(error)) => Err(error),
+            Err(_) => {
+                warm.end();
+                Err(SandboxError::Setup {
+                    step: "start a warm sandbox".to_owned(),
+                    detail: "its thread ended without a word".to_owned(),
+                })
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        self.claims = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for WarmSandbox {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl WarmInstance for WarmSandbox {
+    fn is_ready(&self) -> bool {
+        !self.ended.load(Ordering::SeqCst)
+    }
+
+    fn claim(mut self: Box<Self>, claim: Claim) -> Claimed {
+        let gone = || Claimed::Stale("the warm sandbox had ended".to_owned());
+        let Some(claims) = &self.claims else { return gone() };
+        let (reply, answer) = mpsc::channel();
+        if claims.send(Request { claim, reply }).is_err() {
+            return gone();
+        }
+        let claimed = answer.recv().unwrap_or_else(|_| gone());
+        self.end();
+        claimed
+    }
+}
+
+/// The warm run's thread: start the run, say when it is ready, wait for
+/// the claim, run it, hand the claim the sandbox and what it did.
+fn hold(
+    instance: LinuxInstance,
+    preload: &[String],
+    ready_tx: &mpsc::Sender<Result<(), SandboxError>>,
+    claims: &mpsc::Receiver<Request>,
+) {
+    let job = Job { language: Language::Python, ..Job::default() };
+    let unclaimed = KillSwitch::new();
+    let mut was_ready = false;
+    let mut claimed: Option<(mpsc::Sender<Claimed>, std::time::Duration)> = None;
+    let outcome = {
+        let mut gate = |alive: &dyn Fn() -> bool| -> Option<Release> {
+            was_ready = true;
+            let ready_at = Instant::now();
+            ready_tx.send(Ok(())).ok()?;
+            // The pool dropped the sandbox: end the run unclaimed.
+            let Request { claim, reply } = claims.recv().ok()?;
+            let waited = ready_at.elapsed();
+            if !alive() {
+                let _ = reply.send(Claimed::Stale("its interpreter ended while it waited".to_owned()));
+                return None;
+            }
+            let mut written = 0;
+            for (path, data) in &claim.files {
+                match instance.copy_in(written, path, data) {
+                    Ok(total) => written = total,
+                    Err(error) => {
+                        let _ = reply.send(Claimed::Refused(error));
+                        return None;
+                    }
+                }
+            }
+            claimed = Some((reply, waited));
+            Some(Release {
+                feed: driver::feed(&claim.job),
+                stdin: claim.job.stdin,
+                wall_time: claim.wall_time,
+                cpu_time: claim.cpu_time,
+                kill: claim.kill,
+                requested_at: claim.requested_at,
+            })
+        };
+        instance.run_as(&job, &unclaimed, Some(Warm { preload, gate: &mut gate }))
+    };
+    match claimed {
+        Some((reply, waited)) => {
+            let execution = outcome.map(|mut execution| {
+                execution.usage.pool_wait_ms = Some(waited.as_millis() as u64);
+                execution
+            });
+            let _ = reply.send(Claimed::Ran { instance: Box::new(instance), execution: Box::new(execution) });
+        }
+        None if !was_ready => {
+            let _ = ready_tx.send(Err(never_ready(outcome)));
+        }
+        None => {}
+    }
+}
+
+/// Why a warm run ended before its preload was imported.
+fn never_ready(outcome: Result<Execution, SandboxError>) -> SandboxError {
+    match outcome {
+        Err(error) => error,
+        Ok(execution) => {
+            let stderr = String::from_utf8_lossy(&execution.stderr.bytes);
+            let tail: String =
+                stderr.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            SandboxError::Setup {
+                step: "import the preload".to_owned(),
+                detail: format!(
+                    "the interpreter ended ({}) before its preload was imported{}",
+                    execution.message.unwrap_or_else(|| execution.status.to_string()),
+                    if tail.is_empty() { String::new() } else { format!(": {tail}") }
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,564 @@
+//! A pool of warm sandboxes, so that a run answers in tens of milliseconds
+//! and is still fresh.
+//!
+//! ```no_run
+//! use airlock::{Policy, Pool, PoolOptions, RunRequest};
+//!
+//! let pool = Pool::new(Policy::default(), None, PoolOptions::default())?;
+//! let record = pool.run(pool.policy(), &[("data.csv".to_owned(), b"x\n1\n".to_vec())],
+//!                       &RunRequest::python("import pandas as pd\npd.read_csv('data.csv').x.sum()"))?;
+//! assert_eq!(record.usage.start, Some(airlock::RunStart::Pooled));
+//! # Ok::<(), airlock::Error>(())
+//! ```
+//!
+//! The pool keeps `size` sandboxes ready for one policy and one image: each
+//! a complete sandbox, made as a cold run's is (its own host ids,
+//! namespaces, mounts, cgroup, rlimits, Landlock, seccomp), whose
+//! interpreter has imported the preload and waits before the first byte of
+//! code. A run takes one, copies its files in, releases its code, and the
+//! sandbox is destroyed after it: never reused, never shared. A thread
+//! refills the pool in the background, one sandbox at a time (at most one
+//! CPU busy with it).
+//!
+//! A run never waits for the pool: when it is empty, or when the run cannot
+//! be served warm, it runs cold, and its record says why
+//! (`isolation.details.pool`). What a claim can change: the files, the code,
+//! its standard input, working directory and display name, and a lower wall
+//! or CPU time (both kept by the supervisor, from the release). Everything
+//! else in force since the sandbox started (the environment, memory,
+//! processes, CPUs, disk, output and file caps, the network, the image)
+//! must be the pool's, or the run goes cold.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use airlock_core::{
+    ArtifactError, Backend, Claim, Claimed, Execution, Instance, Job, KillSwitch, Runtime, SandboxError, WarmInstance,
+};
+use airlock_policy::{BackendKind, Language, Limits, Policy, RunRecord, SandboxPath};
+
+use crate::Error;
+use crate::sandbox::{Audit, RunRequest, Sandbox, backend_for};
+
+/// How a pool is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Sandboxes kept ready.
+    pub size: usize,
+    /// Modules each sandbox imports before it waits for its run.
+    pub preload: Vec<String>,
+    /// A sandbox ready for longer than this is destroyed and made anew.
+    pub idle_expiry: Duration,
+}
+
+impl PoolOptions {
+    /// What the default image's interpreter imports before a run: the
+    /// scientific stack (matplotlib renders off-screen, as every run's does).
+    pub fn default_preload() -> Vec<String> {
+        ["numpy", "pandas", "matplotlib"].map(String::from).to_vec()
+    }
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions { size: 2, preload: PoolOptions::default_preload(), idle_expiry: Duration::from_secs(600) }
+    }
+}
+
+/// What a pool has done, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Sandboxes ready now.
+    pub ready: usize,
+    /// Runs served warm.
+    pub hits: u64,
+    /// Runs that found no ready sandbox and ran cold.
+    pub misses: u64,
+    /// Runs whose policy could not be applied to a ready sandbox (cold).
+    pub unsuited: u64,
+    /// Sandboxes made ready, and the milliseconds the last one took.
+    pub refills: u64,
+    pub last_refill_ms: Option<u64>,
+    /// Sandboxes that failed to become ready, and why the last one did.
+    pub refill_failures: u64,
+    pub last_refill_error: Option<String>,
+    /// Ready sandboxes destroyed for their age.
+    pub expired: u64,
+}
+
+/// Sandboxes made ready ahead of their runs, for one policy and one
+/// runtime. Dropping it destroys every ready sandbox.
+pub struct Pool {
+    shared: Arc<Shared>,
+    refill: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    backend: &'static dyn Backend,
+    policy: Policy,
+    runtime: Runtime,
+    options: PoolOptions,
+    audit: Option<Audit>,
+    state: Mutex<State>,
+    wake: Condvar,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    unsuited: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    ready: VecDeque<Entry>,
+    closed: bool,
+    refills: u64,
+    last_refill_ms: Option<u64>,
+    refill_failures: u64,
+    last_refill_error: Option<String>,
+    expired: u64,
+}
+
+struct Entry {
+    warm: Box<dyn WarmInstance>,
+    ready_at: Instant,
+}
+
+/// How long the refill thread rests after a failure before it tries again.
+const REFILL_BACKOFF: Duration = Duration::from_secs(2);
+
+impl Pool {
+    /// A pool for `policy` running `runtime` (`None`: the default image,
+    /// built on first use), on the policy's backend. Returns at once; the
+    /// pool fills in the background.
+    pub fn new(policy: Policy, runtime: Option<Runtime>, options: PoolOptions) -> Result<Pool, Error> {
+        if policy.backend != BackendKind::Linux {
+            return Err(Error::Sandbox(SandboxError::Unsupported {
+                backend: "airlock",
+                what: format!("keep a pool of ready sandboxes for the {} backend", policy.backend),
+                reason: "only the linux backend starts sandboxes warm; run without a pool".to_owned(),
+            }));
+        }
+        let backend = backend_for(policy.backend)?;
+        let runtime = match runtime {
+            Some(runtime) => runtime,
+            None => crate::setup::resolve_runtime(policy.backend, None, None, &mut |_| {})?,
+        };
+        Ok(Pool::with_backend(backend, policy, runtime, options, None))
+    }
+
+    /// A pool on a backend of the caller's, its runs recorded in `audit`.
+    pub fn with_backend(
+        backend: &'static dyn Backend,
+        policy: Policy,
+        runtime: Runtime,
+        options: PoolOptions,
+        audit: Option<Audit>,
+    ) -> Pool {
+        let shared = Arc::new(Shared {
+            backend,
+            policy,
+            runtime,
+            options,
+            audit,
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            unsuited: AtomicU64::new(0),
+        });
+        let refiller = shared.clone();
+        let refill = std::thread::Builder::new().name("airlock-pool".to_owned()).spawn(move || refiller.refill()).ok();
+        Pool { shared, refill }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.shared.policy
+    }
+
+    pub fn options(&self) -> &PoolOptions {
+        &self.shared.options
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let state = self.shared.lock();
+        PoolStats {
+            ready: state.ready.len(),
+            hits: self.shared.hits.load(Ordering::Relaxed),
+            misses: self.shared.misses.load(Ordering::Relaxed),
+            unsuited: self.shared.unsuited.load(Ordering::Relaxed),
+            refills: state.refills,
+            last_refill_ms: state.last_refill_ms,
+            refill_failures: state.refill_failures,
+            last_refill_error: state.last_refill_error.clone(),
+            expired: state.expired,
+        }
+    }
+
+    /// Waits up to `timeout` until `n` sandboxes are ready (for benchmarks
+    /// and tests; a run never needs to).
+    pub fn wait_ready(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.shared.lock();
+        while state.ready.len() < n.min(self.shared.options.size) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = self.shared.wake.wait_timeout(state, left).map(|(s, _)| s).unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+
+    /// A sandbox for one run with `policy`: a ready one from the pool when
+    /// there is one and the policy can be applied to it, else a cold one.
+    /// Use it as any [`Sandbox`] (files in, one run, outputs out); its run's
+    /// record says how it started, and, when cold, why
+    /// (`isolation.details.pool`). A second run in it runs cold in the same
+    /// sandbox, as a second run in any sandbox does. Never waits for the pool.
+    pub fn sandbox(&self, policy: &Policy) -> Result<Sandbox, Error> {
+        let shared = &self.shared;
+        let warm = match shared.suits(policy) {
+            Err(reason) => {
+                shared.unsuited.fetch_add(1, Ordering::Relaxed);
+                Err(reason)
+            }
+            Ok(()) => shared.take().map(|entry| entry.warm).ok_or_else(|| {
+                shared.misses.fetch_add(1, Ordering::Relaxed);
+                shared.empty_reason()
+            }),
+        };
+        let (state, cold_why) = match warm {
+            Ok(warm) => (Pooled::Warm(warm), None),
+            Err(why) => (Pooled::Ran(shared.backend.create(policy, &shared.runtime)?), Some(why)),
+        };
+        let instance =
+            PooledInstance { shared: shared.clone(), policy: policy.clone(), state, files: Vec::new(), cold_why };
+        let mut sandbox = Sandbox::from_instance(Box::new(instance), policy.clone(), shared.runtime.clone());
+        sandbox.set_audit(shared.audit.clone());
+        Ok(sandbox)
+    }
+
+    /// Destroys every ready sandbox and stops making more; later runs are
+    /// cold. Dropping the pool does the same.
+    pub fn close(&self) {
+        let entries = {
+            let mut state = self.shared.lock();
+            state.closed = true;
+            std::mem::take(&mut state.ready)
+        };
+        self.shared.wake.notify_all();
+        drop(entries);
+    }
+
+    /// Runs `request` with `policy` in [`Pool::sandbox`], `files` copied
+    /// into /work first. `Err` only for what stops a run before it starts
+    /// (a file refused, a sandbox that cannot be made).
+    pub fn run(&self, policy: &Policy, files: &[(String, Vec<u8>)], request: &RunRequest) -> Result<RunRecord, Error> {
+        let mut sandbox = self.sandbox(policy)?;
+        for (path, data) in files {
+            sandbox.write(path, data)?;
+        }
+        Ok(sandbox.run_request(request))
+    }
+}
+
+/// Where a pool's sandbox is in its one run.
+enum Pooled {
+    /// Ready, waiting for its run.
+    Warm(Box<dyn WarmInstance>),
+    /// A sandbox that runs its code as any sandbox does: made cold, or a
+    /// warm one after its run.
+    Ran(Box<dyn Instance>),
+    /// Lost to a failed claim.
+    Spent,
+}
+
+/// The instance behind a pool's [`Sandbox`]: a warm sandbox until its run
+/// claims it, the claimed (or a cold) sandbox after.
+struct PooledInstance {
+    shared: Arc<Shared>,
+    policy: Policy,
+    state: Pooled,
+    /// Files written before the run, copied in by the claim.
+    files: Vec<(SandboxPath, Vec<u8>)>,
+    /// Why the next run is cold, for its record.
+    cold_why: Option<String>,
+}
+
+impl PooledInstance {
+    /// The warm sandbox goes; the run goes cold, in a sandbox made now with
+    /// the files written so far.
+    fn go_cold(&mut self, why: String) -> Result<&mut Box<dyn Instance>, SandboxError> {
+        self.state = Pooled::Spent;
+        self.cold_why = Some(why);
+        let mut cold = self.shared.backend.create(&self.policy, &self.shared.runtime)?;
+        for (path, data) in std::mem::take(&mut self.files) {
+            cold.write(&path, &data)?;
+        }
+        self.state = Pooled::Ran(cold);
+        match &mut self.state {
+            Pooled::Ran(instance) => Ok(instance),
+            _ => unreachable!("just set"),
+        }
+    }
+}
+
+impl Instance for PooledInstance {
+    fn write(&mut self, path: &SandboxPath, data: &[u8]) -> Result<(), SandboxError> {
+        match &mut self.state {
+            Pooled::Ran(instance) => instance.write(path, data),
+            Pooled::Warm(_) => {
+                // Checked at the claim as well, with the same caps.
+                let limits = &self.policy.limits;
+                let total: u64 = self.files.iter().map(|(_, d)| d.len() as u64).sum::<u64>() + data.len() as u64;
+                if data.len() as u64 > limits.file_bytes || total > limits.files_total_bytes {
+                    return Err(SandboxError::Input {
+                        path: path.to_string(),
+                        reason: format!(
+                            "above max_file_bytes ({}) or, with the files before it, max_files_total_bytes ({})",
+                            limits.file_bytes, limits.files_total_bytes
+                        ),
+                    });
+                }
+                self.files.retain(|(p, _)| p != path);
+                self.files.push((path.clone(), data.to_vec()));
+                Ok(())
+            }
+            Pooled::Spent => Err(spent()),
+        }
+    }
+
+    fn read(&mut self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>, ArtifactError> {
+        match &mut self.state {
+            Pooled::Ran(instance) => instance.read(path, max_bytes),
+            // Before the run, /work holds what was written so far.
+            _ => match self.files.iter().find(|(p, _)| p == path) {
+                None => Err(ArtifactError::NotFound { path: path.to_string() }),
+                Some((_, data)) if data.len() as u64 > max_bytes => {
+                    Err(ArtifactError::TooLarge { path: path.to_string(), size: data.len() as u64, cap: max_bytes })
+                }
+                Some((_, data)) => Ok(data.clone()),
+            },
+        }
+    }
+
+    fn set_limits(&mut self, limits: Limits) {
+        if let Pooled::Ran(instance) = &mut self.state {
+            instance.set_limits(limits.clone());
+        }
+        self.policy.limits = limits;
+    }
+
+    fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
+        let requested_at = Instant::now();
+        let mut why = self.cold_why.take();
+        let mut execution = match std::mem::replace(&mut self.state, Pooled::Spent) {
+            Pooled::Ran(mut instance) => {
+                let ran = instance.run(job, kill);
+                self.state = Pooled::Ran(instance);
+                ran
+            }
+            Pooled::Warm(warm) => match self.shared.suits_run(&self.policy, job) {
+                Err(reason) => {
+                    self.shared.unsuited.fetch_add(1, Ordering::Relaxed);
+                    why = Some(reason.clone());
+                    drop(warm);
+                    self.go_cold(reason)?.run(job, kill)
+                }
+                Ok(()) => {
+                    let claim = Claim {
+                        job: job.clone(),
+                        files: std::mem::take(&mut self.files),
+                        wall_time: self.policy.limits.wall_time,
+                        cpu_time: self.policy.limits.cpu_time,
+                        kill: kill.clone(),
+                        requested_at,
+                    };
+                    let files = claim.files.clone();
+                    match warm.claim(claim) {
+                        Claimed::Ran { instance, execution } => {
+                            self.shared.hits.fetch_add(1, Ordering::Relaxed);
+                            self.state = Pooled::Ran(instance);
+                            *execution
+                        }
+                        Claimed::Refused(error) => return Err(error),
+                        Claimed::Stale(stale) => {
+                            self.shared.misses.fetch_add(1, Ordering::Relaxed);
+                            let reason = format!("the ready sandbox taken was stale ({stale})");
+                            why = Some(reason.clone());
+                            self.files = files;
+                            self.go_cold(reason)?.run(job, kill)
+                        }
+                    }
+                }
+            },
+            Pooled::Spent => return Err(spent()),
+        }?;
+        if let Some(why) = why {
+            execution.isolation.details.insert("pool".to_owned(), format!("ran cold: {why}"));
+        }
+        Ok(execution)
+    }
+}
+
+fn spent() -> SandboxError {
+    SandboxError::Setup {
+        step: "start the run".to_owned(),
+        detail: "this pooled sandbox was lost when its sandbox could not be made; take another".to_owned(),
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.close();
+        if let Some(thread) = self.refill.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("options", &self.shared.options).field("stats", &self.stats()).finish()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether a sandbox with `policy` can be a ready one; if not, why.
+    fn suits(&self, policy: &Policy) -> Result<(), String> {
+        let pool = &self.policy;
+        let differs = [
+            ("env", policy.env != pool.env),
+            ("network", policy.network != pool.network),
+            ("backend", policy.backend != pool.backend),
+            ("allow_degraded", policy.allow_degraded != pool.allow_degraded),
+            ("with_packages", policy.with_packages != pool.with_packages),
+        ];
+        if let Some((field, _)) = differs.iter().find(|(_, differs)| *differs) {
+            return Err(format!("its {field} differs from the pool's, and is in force from a sandbox's start"));
+        }
+        limits_suit(&policy.limits, &pool.limits)
+    }
+
+    /// Whether a ready sandbox can run `job` with `policy` (its limits may
+    /// have been set for the run).
+    fn suits_run(&self, policy: &Policy, job: &Job) -> Result<(), String> {
+        if job.language != Language::Python {
+            return Err("a pool's sandboxes wait with a Python interpreter; shell code runs cold".to_owned());
+        }
+        self.suits(policy)
+    }
+
+    /// The oldest ready sandbox still ready and young enough.
+    fn take(&self) -> Option<Entry> {
+        let mut stale = Vec::new();
+        let taken = {
+            let mut state = self.lock();
+            let mut taken = None;
+            while let Some(entry) = state.ready.pop_front() {
+                if entry.warm.is_ready() && entry.ready_at.elapsed() < self.options.idle_expiry {
+                    taken = Some(entry);
+                    break;
+                }
+                stale.push(entry);
+            }
+            taken
+        };
+        self.wake.notify_all();
+        drop(stale);
+        taken
+    }
+
+    fn empty_reason(&self) -> String {
+        let state = self.lock();
+        if state.closed {
+            return "the pool is closed".to_owned();
+        }
+        match &state.last_refill_error {
+            Some(error) if state.refill_failures > 0 => {
+                format!("the pool was empty; its last refill failed: {error}")
+            }
+            _ => "the pool was empty".to_owned(),
+        }
+    }
+
+    /// The refill thread: keeps `size` sandboxes ready, destroys those past
+    /// their expiry, until the pool is dropped.
+    fn refill(&self) {
+        loop {
+            {
+                let mut state = self.lock();
+                loop {
+                    if state.closed {
+                        return;
+                    }
+                    let expiry = self.options.idle_expiry;
+                    let before = state.ready.len();
+                    let old: Vec<Entry> = {
+                        let (keep, old): (VecDeque<Entry>, VecDeque<Entry>) = std::mem::take(&mut state.ready)
+                            .into_iter()
+                            .partition(|e| e.warm.is_ready() && e.ready_at.elapsed() < expiry);
+                        state.ready = keep;
+                        old.into()
+                    };
+                    state.expired += (before - state.ready.len()) as u64;
+                    if !old.is_empty() {
+                        drop(state);
+                        drop(old);
+                        state = self.lock();
+                        continue;
+                    }
+                    if state.ready.len() < self.options.size {
+                        break;
+                    }
+                    let check = expiry.min(Duration::from_secs(5));
+                    state = self.wake.wait_timeout(state, check).map(|(s, _)| s).unwrap_or_else(|e| e.into_inner().0);
+                }
+            }
+            let began = Instant::now();
+            let made = self
+                .backend
+                .create(&self.policy, &self.runtime)
+                .and_then(|instance| instance.start_warm(&self.options.preload));
+            let mut state = self.lock();
+            match made {
+                Ok(warm) => {
+                    state.refills += 1;
+                    state.last_refill_ms = Some(began.elapsed().as_millis() as u64);
+                    if state.closed {
+                        return;
+                    }
+                    state.ready.push_back(Entry { warm, ready_at: Instant::now() });
+                    drop(state);
+                    self.wake.notify_all();
+                }
+                Err(error) => {
+                    state.refill_failures += 1;
+                    state.last_refill_error = Some(error.to_string());
+                    let _ = self.wake.wait_timeout(state, REFILL_BACKOFF);
+                }
+            }
+        }
+    }
+}
+
+/// Whether a run's limits can be applied to a sandbox started with the
+/// pool's: only the wall and CPU time, kept by the supervisor from the
+/// release, may be lower; the rest is in force since the start.
+fn limits_suit(run: &Limits, pool: &Limits) -> Result<(), String> {
+    if run.wall_time > pool.wall_time || run.cpu_time > pool.cpu_time {
+        return Err("its wall or CPU time is above the pool's".to_owned());
+    }
+    let same = Limits { wall_time: pool.wall_time, cpu_time: pool.cpu_time, ..run.clone() };
+    if same != *pool {
+        return Err("its limits other than wall and CPU time differ from the pool's (in force from a sandbox's start)"
+            .to_owned());
+    }
+    Ok(())
+}

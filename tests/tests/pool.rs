@@ -1,0 +1,255 @@
+//! The pool of warm sandboxes, attacked: each pooled run must be as fresh
+//! as a cold one. One run leaves something behind (files, environment,
+//! module state, /dev/shm, descriptors, processes) and the next run of the
+//! same pool looks for it; randomness must differ from run to run; limits
+//! hold from the release; a pool that cannot refill runs cold and says so.
+
+use std::time::Duration;
+
+use airlock::{Policy, Pool, PoolOptions, RunRecord, RunRequest, RunStart, Status};
+use airlock_tests::{data_image, exclusive, linux};
+
+/// A pool of `size` on the python-data image, filled before it is returned.
+/// Each test holds the run lock alone ([`exclusive`]): a pool's refills run
+/// in the background, and the leftovers check must see only its own.
+fn pool(policy: Policy, size: usize, preload: &[&str]) -> Pool {
+    let options = PoolOptions {
+        size,
+        preload: preload.iter().map(|m| m.to_string()).collect(),
+        idle_expiry: Duration::from_secs(600),
+    };
+    let pool = Pool::with_backend(linux(), policy, data_image(), options, None);
+    assert!(pool.wait_ready(size, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
+    pool
+}
+
+fn run(pool: &Pool, code: &str) -> RunRecord {
+    pool.run(pool.policy(), &[], &RunRequest::python(code)).expect("a pooled run")
+}
+
+/// The run was served warm, and ended well.
+fn pooled_ok(record: &RunRecord) -> &str {
+    assert_eq!(record.usage.start, Some(RunStart::Pooled), "not pooled: {:?}", record.isolation.details);
+    assert_eq!(record.status, Status::Ok, "stderr: {}\nmessage: {:?}", record.stderr, record.message);
+    record.stdout.trim()
+}
+
+#[test]
+fn a_pooled_run_has_pandas_imported_and_its_files_in() {
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 1, &["numpy", "pandas", "matplotlib"]);
+    let csv = b"x,w\n1,1\n2,1\n3,5\n".to_vec();
+    let code = "import sys\nimport pandas as pd\nprint('pandas' in sys.modules)\nint(pd.read_csv('data.csv').x.sum())";
+    let record = pool.run(pool.policy(), &[("data.csv".to_owned(), csv)], &RunRequest::python(code)).unwrap();
+    assert_eq!(pooled_ok(&record), "True");
+    assert_eq!(record.value.as_deref(), Some("6"));
+    assert_eq!(record.inputs.len(), 1);
+    assert!(record.usage.pool_wait_ms.is_some());
+    let first = record.usage.first_instruction_ms.expect("the driver announced the first instruction");
+    assert!(first <= record.usage.wall_ms + 1000, "{first} ms to the first instruction");
+    // Every layer of a cold run is in force.
+    let cold = airlock::Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap().run("1");
+    assert_eq!(cold.usage.start, Some(RunStart::Cold));
+    assert!(cold.usage.first_instruction_ms.is_some() && cold.usage.pool_wait_ms.is_none(), "{:?}", cold.usage);
+    assert_eq!(record.isolation.layers, cold.isolation.layers);
+    assert!(record.isolation.layers.contains(&airlock::Layer::Seccomp), "{:?}", record.isolation.layers);
+
+    // matplotlib imported ahead still renders off-screen and hands the figure back.
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "no refill: {:?}", pool.stats());
+    let plot = run(&pool, "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()");
+    pooled_ok(&plot);
+    assert_eq!(plot.figures.len(), 1, "{:?}", plot.message);
+}
+
+/// What the first run plants, each checked by the run itself.
+const PLANT: &str = r#"
+import os, sys, threading, time, json
+import pandas
+planted = {}
+open("/work/left.txt", "w").write("left")
+open("/tmp/left.txt", "w").write("left")
+planted["files"] = os.path.exists("/work/left.txt") and os.path.exists("/tmp/left.txt")
+os.environ["AIRLOCK_LEFT"] = "1"
+planted["env"] = os.environ.get("AIRLOCK_LEFT") == "1"
+pandas.airlock_left = "1"
+sys.modules["airlock_left_module"] = type(sys)("airlock_left_module")
+planted["module"] = getattr(pandas, "airlock_left", None) == "1"
+try:
+    open("/dev/shm/airlock_left", "w").write("left")
+    planted["shm"] = os.path.exists("/dev/shm/airlock_left")
+except OSError as e:
+    planted["shm"] = "refused: %s" % e
+fd = os.open("/work/left.txt", os.O_RDONLY)
+os.dup2(fd, 100, inheritable=True)
+planted["fd"] = os.path.exists("/proc/self/fd/100")
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/bin/sh", ["/bin/sh", "-c", "sleep 60; : airlock-left-behind"])
+    os._exit(0)
+time.sleep(0.2)
+planted["process"] = any(
+    b"airlock-left-behind" in open("/proc/%s/cmdline" % p, "rb").read()
+    for p in os.listdir("/proc") if p.isdigit()
+)
+print(json.dumps(planted))
+"#;
+
+/// What the next run looks for.
+const LOOK: &str = r#"
+import os, sys, json
+import pandas
+found = {
+    "files": [p for p in ("/work/left.txt", "/tmp/left.txt") if os.path.exists(p)],
+    "env": os.environ.get("AIRLOCK_LEFT"),
+    "module": getattr(pandas, "airlock_left", None) or ("airlock_left_module" in sys.modules),
+    "shm": os.path.exists("/dev/shm/airlock_left"),
+    "fd": os.path.exists("/proc/self/fd/100"),
+    "process": [p for p in os.listdir("/proc") if p.isdigit()
+                and b"airlock-left-behind" in open("/proc/%s/cmdline" % p, "rb").read()],
+}
+print(json.dumps(found))
+print(sorted(os.listdir("/proc/self/fd")))
+"#;
+
+#[test]
+fn a_pooled_run_finds_nothing_an_earlier_pooled_run_left() {
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 1, &["numpy", "pandas"]);
+    let planted = run(&pool, PLANT);
+    let planted: serde_json::Value = serde_json::from_str(pooled_ok(&planted)).unwrap();
+    for (what, done) in planted.as_object().unwrap() {
+        // /dev/shm may be absent or read-only: then nothing can be left there either.
+        assert!(
+            done == &serde_json::Value::Bool(true) || what == "shm",
+            "the first run could not plant {what}: {done}"
+        );
+    }
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "no refill: {:?}", pool.stats());
+    let look = run(&pool, LOOK);
+    let out = pooled_ok(&look);
+    let (found, fds) = out.split_once('\n').unwrap();
+    let found: serde_json::Value = serde_json::from_str(found).unwrap();
+    let clean = serde_json::json!({
+        "files": [], "env": null, "module": false, "shm": false, "fd": false, "process": [],
+    });
+    assert_eq!(found, clean, "the second pooled run found what the first left");
+    // Its descriptors are a cold run's, no more.
+    let cold = airlock::Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap().run(LOOK);
+    assert_eq!(cold.stdout.trim().split_once('\n').unwrap().1, fds, "descriptors differ from a cold run's");
+
+    // The probe is real: the same two runs in one sandbox (one /work) find the file.
+    let mut shared = airlock::Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    assert_eq!(shared.run(PLANT).status, Status::Ok);
+    let again = shared.run(LOOK);
+    assert!(again.stdout.contains("/work/left.txt"), "{}", again.stdout);
+
+    assert_eq!(pool.stats().hits, 2);
+    drop(pool);
+    airlock_tests::assert_nothing_left("airlock-left-behind");
+}
+
+#[test]
+fn a_pooled_run_ends_as_an_exit_does_threads_atexit_and_open_files_included() {
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 1, &["numpy", "pandas"]);
+    // A warm run's process ends without the interpreter's teardown: what an
+    // exit must do still happens.
+    let code = r#"
+import atexit, threading, time
+f = open("/work/unclosed.txt", "w")
+f.write("kept" * 1000)
+atexit.register(lambda: print("atexit ran"))
+def late():
+    time.sleep(0.3)
+    open("/work/thread.txt", "w").write("thread finished")
+threading.Thread(target=late).start()
+print("main done")
+"#;
+    let mut sandbox = pool.sandbox(pool.policy()).unwrap();
+    let record = sandbox.run(code);
+    assert_eq!(pooled_ok(&record), "main done\natexit ran");
+    assert_eq!(sandbox.read("/work/unclosed.txt").unwrap(), "kept".repeat(1000).into_bytes());
+    assert_eq!(sandbox.read("/work/thread.txt").unwrap(), b"thread finished");
+    // An exit status is kept.
+    pool.wait_ready(1, Duration::from_secs(120));
+    let record = run(&pool, "import sys\nsys.exit(3)");
+    assert_eq!((record.usage.start, record.exit_code), (Some(RunStart::Pooled), Some(3)));
+}
+
+#[test]
+fn randomness_differs_across_twenty_pooled_runs() {
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 2, &["random", "numpy"]);
+    let code = "import os, random, numpy\nprint(random.random(), numpy.random.random(), os.urandom(16).hex(), hash('airlock'))";
+    let mut seen: Vec<Vec<String>> = vec![Vec::new(); 4];
+    for _ in 0..20 {
+        pool.wait_ready(1, Duration::from_secs(120));
+        let record = run(&pool, code);
+        let values: Vec<String> = pooled_ok(&record).split(' ').map(String::from).collect();
+        assert_eq!(values.len(), 4, "{values:?}");
+        for (column, value) in seen.iter_mut().zip(values) {
+            column.push(value);
+        }
+    }
+    for (name, column) in ["random.random", "numpy.random", "os.urandom", "hash"].iter().zip(&seen) {
+        let mut distinct = column.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 20, "{name} repeated across pooled runs: {column:?}");
+    }
+}
+
+#[test]
+fn a_pooled_run_is_killed_at_its_memory_limit_and_its_own_clocks() {
+    let _alone = exclusive();
+    let mut policy = Policy::default();
+    policy.limits.memory_bytes = 256 << 20;
+    let pool = pool(policy, 1, &["numpy", "pandas"]);
+    let record = run(&pool, "import numpy\nx = numpy.ones(64 << 20)\nprint('survived', x.sum())");
+    assert_eq!(record.usage.start, Some(RunStart::Pooled));
+    assert_eq!(record.status, Status::MemoryLimit, "stdout: {} message: {:?}", record.stdout, record.message);
+    assert!(!record.stdout.contains("survived"));
+
+    // A lower wall time for one run holds from the release.
+    pool.wait_ready(1, Duration::from_secs(120));
+    let mut limits = pool.policy().limits.clone();
+    limits.wall_time = Duration::from_secs(2);
+    let request = RunRequest { limits: Some(limits), ..RunRequest::python("import time\ntime.sleep(30)") };
+    let record = pool.run(pool.policy(), &[], &request).unwrap();
+    assert_eq!(record.usage.start, Some(RunStart::Pooled));
+    assert_eq!(record.status, Status::Timeout, "{:?}", record.message);
+    assert!(record.usage.wall_ms < 10_000, "{} ms", record.usage.wall_ms);
+}
+
+#[test]
+fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
+    let _alone = exclusive();
+    let options = PoolOptions {
+        size: 1,
+        preload: vec!["airlock_no_such_module".to_owned()],
+        idle_expiry: Duration::from_secs(600),
+    };
+    let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while pool.stats().refill_failures == 0 {
+        assert!(std::time::Instant::now() < deadline, "the refill never failed: {:?}", pool.stats());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let record = run(&pool, "print(6 * 7)");
+    assert_eq!(record.status, Status::Ok, "{:?}", record.message);
+    assert_eq!(record.stdout.trim(), "42");
+    assert_eq!(record.usage.start, Some(RunStart::Cold));
+    let why = &record.isolation.details["pool"];
+    assert!(why.contains("refill failed") && why.contains("airlock_no_such_module"), "{why}");
+    assert_eq!(pool.stats().ready, 0);
+
+    // A run whose environment differs from the pool's runs cold too, and says so.
+    let mut other = Policy::default();
+    other.env.insert("A".to_owned(), "b".to_owned());
+    let record = pool.run(&other, &[], &RunRequest::python("import os\nprint(os.environ['A'])")).unwrap();
+    assert_eq!(record.stdout.trim(), "b");
+    assert_eq!(record.usage.start, Some(RunStart::Cold));
+    assert!(record.isolation.details["pool"].contains("env"), "{:?}", record.isolation.details);
+}
