@@ -26,6 +26,17 @@ class Usage:
     wall_ms: int
     cpu_ms: Optional[int] = None
     peak_memory_bytes: Optional[int] = None
+    #: Milliseconds spent getting the image with the extra packages
+    #: (``with_packages``), and whether it was already built.
+    image_ms: Optional[int] = None
+    image_cached: Optional[bool] = None
+    #: How the sandbox started: ``"cold"`` (made for the run) or ``"pooled"``
+    #: (taken ready from a pool, its clocks started at the release).
+    start: Optional[str] = None
+    #: A pooled run: how long its sandbox waited ready before the run.
+    pool_wait_ms: Optional[int] = None
+    #: From the request to the code's first instruction.
+    first_instruction_ms: Optional[int] = None
 
 
 @dataclass(frozen=True, repr=False)

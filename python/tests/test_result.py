@@ -50,6 +50,11 @@ def test_the_record_is_the_whole_run_record(sandbox):
     assert record["isolation"]["backend"] == "linux"
     assert "seccomp" in record["isolation"]["layers"]
     assert record["usage"]["wall_ms"] == out.usage.wall_ms
+    # Every figure the record's usage has is on `usage`, as it is.
+    for name, value in record["usage"].items():
+        assert getattr(out.usage, name) == value, name
+    assert out.usage.start == "cold"
+    assert out.usage.first_instruction_ms is not None
 
 
 def test_settings_reach_the_policy_in_the_record():
