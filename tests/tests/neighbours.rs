@@ -270,7 +270,13 @@ print(read("/proc/self/maps"))
     assert_eq!(lines[2], "'airlock-init\\x00'", "the helper's path on the host");
     assert_eq!(lines[3], "'<PermissionError>'", "the init's environment");
     assert_eq!(lines[4], "'<PermissionError>'", "locks taken anywhere on the host");
-    assert!(lines[5].starts_with("/opt/airlock/python/bin/python"), "{}", lines[5]);
+    // The interpreter's sandbox path: its installation's, or its venv's when
+    // `python3` is a venv's (as under scripts/test).
+    assert!(
+        lines[5].starts_with("/opt/airlock/python/bin/python") || lines[5].starts_with("/opt/airlock/venv/bin/python"),
+        "{}",
+        lines[5]
+    );
     // No host path, device or account: the data directory, the interpreter's
     // prefix, the build tree the helper lives in, the root's block device.
     let host_python = airlock::interpreter::Interpreter::resolve("python3").unwrap();
@@ -286,6 +292,7 @@ print(read("/proc/self/maps"))
     let helper = airlock_tests::helper();
     let forbidden = [
         host_python.base_prefix.display().to_string(),
+        host_python.prefix.display().to_string(),
         airlock_tests::test_home().display().to_string(),
         helper.parent().unwrap().display().to_string(),
         root_device,
