@@ -11,11 +11,21 @@ guest's airlock-vmtest.service (scripts/vm-test); uses only the guest's
   userns-off      kernel.unprivileged_userns_clone=0: the run is refused
                   naming the fix, and `airlock doctor` says the same
   landlock-6.1    the record says which Landlock ABI was in force
+  landlock-off    (a boot whose lsm= leaves Landlock out) the run is refused
+                  naming the lsm= that adds it, and so is doctor; with
+                  --allow-degraded landlock it runs and its record says
+                  Landlock was not in force
+  ubuntu-apparmor (Ubuntu 24.04's kernel and root) an ordinary user under
+                  kernel.apparmor_restrict_unprivileged_userns=1: refused
+                  naming the profile's install command, doctor too; after
+                  the README's install commands, a run with every layer and
+                  a memory kill reported as memory_limit
 """
 
 import json
 import os
 import pwd
+import re
 import subprocess
 import sys
 import time
@@ -164,6 +174,10 @@ def add_user():
     try:
         pwd.getpwnam(USER)
     except KeyError:
+        # useradd gives the user subordinate ids only where these files
+        # exist, as an installed system has them (a bare root may not).
+        for path in ("/etc/subuid", "/etc/subgid"):
+            open(path, "a").close()
         subprocess.run(["useradd", "--create-home", USER], check=True)
     uid = pwd.getpwnam(USER).pw_uid
     home = f"/home/{USER}"
@@ -209,11 +223,79 @@ def landlock_61():
     return f"landlock_abi {abi} in force (writes outside /work refused); layers list landlock"
 
 
+def refusal_and_doctor(fix, **kw):
+    """A default-policy run and `airlock doctor`, both refused naming `fix`."""
+    refused = airlock(["run", "--python", "/usr/bin/python3", "-c", "print(1)"], **kw)
+    doctor = airlock(["doctor"], **kw)
+    check(refused.returncode == 125, f"run exit {refused.returncode}: {refused.stderr.strip()[-300:]}")
+    check(fix in refused.stderr, f"the refusal does not name {fix!r}: {refused.stderr.strip()[-400:]}")
+    check(doctor.returncode == 1, f"doctor exit {doctor.returncode}: {doctor.stdout[-300:]}")
+    check(fix in doctor.stdout, f"doctor does not name {fix!r}: {doctor.stdout[-600:]}")
+    return refused
+
+
+def landlock_off():
+    os.makedirs("/tmp/airlock-root", exist_ok=True)
+    started = open("/sys/kernel/security/lsm").read().strip()
+    check("landlock" not in started.split(","), f"this boot started landlock: {started}")
+    fix = "lsm=" + ",".join(["landlock", *(m for m in started.split(",") if m != "capability")])
+    refused = refusal_and_doctor(fix)
+    check("--allow-degraded landlock" in refused.stderr, f"the refusal does not offer --allow-degraded landlock: {refused.stderr[-300:]}")
+    record = run_py("print('without landlock')", ["--allow-degraded", "landlock"])
+    isolation = record["isolation"]
+    check(record["status"] == "ok", f"degraded run: status {record['status']}: {record.get('message')}")
+    check("landlock" not in isolation["layers"], f"layers {isolation['layers']} list landlock")
+    check(isolation.get("degraded") == ["landlock"], f"degraded {isolation.get('degraded')}")
+    check("landlock_abi" not in isolation["details"], f"details {isolation['details']}")
+    return f"lsm {started}: refused (exit 125) naming `{fix}`, doctor too (exit 1); " \
+           f"--allow-degraded landlock ran ok, record degraded {isolation['degraded']}, layers without landlock"
+
+
+def readme_apparmor_install():
+    """The README's install commands for the AppArmor profile, as written
+    there (its "Ubuntu 24.04" block), so this scenario proves what users run."""
+    readme = open(os.path.join(CHECKOUT, "README.md")).read()
+    section = readme[readme.index("**Ubuntu 24.04**"):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    check(block is not None and "apparmor_parser" in block.group(1), "the README has no AppArmor install block")
+    return block.group(1)
+
+
+def ubuntu_apparmor():
+    home = add_user()
+    profile = "/etc/apparmor.d/airlock-init"
+    check(not os.path.exists(profile), f"{profile} exists before the scenario")
+    sysctl = "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+    booted = open(sysctl).read().strip()
+    with open(sysctl, "w") as f:
+        f.write("1")
+    refusal_and_doctor("sudo apparmor_parser -r /etc/apparmor.d/airlock-init", user=USER, home=home, scope=True)
+    # The README's commands, run from the checkout with airlock on PATH, as
+    # its reader would (they are root there; sudo as root asks nothing).
+    install = subprocess.run(["bash", "-euc", readme_apparmor_install()], cwd=CHECKOUT, capture_output=True,
+                             text=True, timeout=TIMEOUT, env={"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"})
+    check(install.returncode == 0, f"the README's install failed ({install.returncode}): {install.stderr[-400:]}")
+    loaded = open("/sys/kernel/security/apparmor/profiles").read()
+    check("airlock-init" in loaded, "the profile is not loaded")
+    record = run_py("print('under apparmor')", user=USER, home=home, scope=True)
+    isolation = record["isolation"]
+    check(record["status"] == "ok", f"run: status {record['status']}: {record.get('message')}")
+    wanted = {"user_namespace", "seccomp", "landlock", "cgroups"}
+    check(wanted <= set(isolation["layers"]), f"layers {isolation['layers']}")
+    check(not isolation.get("degraded"), f"degraded {isolation.get('degraded')}")
+    summary = limits("the user's systemd", user=USER, home=home, scope=True)
+    apparmor = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "apparmor"], capture_output=True, text=True).stdout
+    return f"restrict_unprivileged_userns {booted} at boot, set 1; refused naming the profile's install, doctor too; " \
+           f"after the README's install (AppArmor {apparmor}) layers {','.join(isolation['layers'])}; {summary}"
+
+
 SCENARIOS = {
     "root-v2": root_v2,
     "user-systemd": user_systemd,
     "userns-off": userns_off,
     "landlock-6.1": landlock_61,
+    "landlock-off": landlock_off,
+    "ubuntu-apparmor": ubuntu_apparmor,
 }
 
 
@@ -231,7 +313,7 @@ def main():
         except (Failed, subprocess.SubprocessError, OSError, KeyError, ValueError) as error:
             what, verdict = f"{type(error).__name__}: {error}", "FAIL"
             failed += 1
-        print(f"vm-scenario {name:<13} {verdict:<4} {time.monotonic() - started:5.1f}s  {what}", flush=True)
+        print(f"vm-scenario {name:<15} {verdict:<4} {time.monotonic() - started:5.1f}s  {what}", flush=True)
     sys.exit(1 if failed else 0)
 
 

@@ -43,17 +43,14 @@ pub fn probe(cgroups: &Result<Hierarchy, String>, ids: &Result<crate::hostid::Al
         missing.insert(Layer::Seccomp, "this kernel was built without seccomp (CONFIG_SECCOMP_FILTER)".to_owned());
     }
     available.insert(Layer::Rlimits);
-    match sys::landlock_abi() {
-        Some(abi) => {
+    match sys::landlock_version() {
+        Ok(abi) => {
             available.insert(Layer::Landlock);
             details.insert("landlock_abi".to_owned(), abi.to_string());
         }
-        None => {
-            missing.insert(
-                Layer::Landlock,
-                "this kernel has no Landlock (it needs Linux 5.13 or later with landlock in its lsm= boot list)"
-                    .to_owned(),
-            );
+        Err(errno) => {
+            let started = fs::read_to_string("/sys/kernel/security/lsm").ok();
+            missing.insert(Layer::Landlock, landlock_missing(errno, started.as_deref()));
         }
     }
     match cgroups {
@@ -67,6 +64,32 @@ pub fn probe(cgroups: &Result<Hierarchy, String>, ids: &Result<crate::hostid::Al
         }
     }
     Probe { backend: BackendKind::Linux, host: airlock_core::host::facts(), available, missing, details }
+}
+
+/// Why this kernel has no Landlock, and the exact fix. `errno` is the
+/// kernel's answer to the version query; `started` is the list of security
+/// modules it started (/sys/kernel/security/lsm), from which the `lsm=`
+/// value that adds Landlock and keeps the others is spelt out.
+fn landlock_missing(errno: rustix::io::Errno, started: Option<&str>) -> String {
+    if errno != rustix::io::Errno::OPNOTSUPP {
+        return format!(
+            "this kernel has no Landlock (landlock_create_ruleset: {errno}): it needs Linux 5.13 or later built \
+             with CONFIG_SECURITY_LANDLOCK=y, as Debian 12, Ubuntu 22.04 and Fedora 35 and later ship it; \
+             upgrade the kernel"
+        );
+    }
+    // "capability" is always on and never named in lsm=.
+    let others: Vec<&str> =
+        started.unwrap_or_default().trim().split(',').filter(|m| !m.is_empty() && *m != "capability").collect();
+    let value =
+        std::iter::once("landlock").chain(others.iter().copied().filter(|m| *m != "landlock")).collect::<Vec<_>>();
+    let known = if started.is_some() { "" } else { " (add the modules of /sys/kernel/security/lsm after it)" };
+    format!(
+        "this kernel has Landlock but did not start it: its lsm= boot list leaves landlock out; boot with \
+         `lsm={}`{known} (on GRUB: add it to GRUB_CMDLINE_LINUX in /etc/default/grub, then `sudo update-grub` \
+         and reboot)",
+        value.join(",")
+    )
 }
 
 /// Whether the helper will be able to make the sandbox's user namespace,
@@ -132,5 +155,28 @@ fn try_unshare_user_namespace() -> Result<(), String> {
              `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (docker, podman), or run \
              airlock on the host"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustix::io::Errno;
+
+    use super::landlock_missing;
+
+    #[test]
+    fn a_kernel_that_did_not_start_landlock_is_told_the_lsm_list_that_adds_it() {
+        let why = landlock_missing(Errno::OPNOTSUPP, Some("capability,lockdown,yama,apparmor\n"));
+        assert!(why.contains("`lsm=landlock,lockdown,yama,apparmor`"), "{why}");
+        assert!(why.contains("sudo update-grub"), "{why}");
+        let unknown = landlock_missing(Errno::OPNOTSUPP, None);
+        assert!(unknown.contains("`lsm=landlock`") && unknown.contains("/sys/kernel/security/lsm"), "{unknown}");
+    }
+
+    #[test]
+    fn a_kernel_without_landlock_is_told_to_upgrade() {
+        let why = landlock_missing(Errno::NOSYS, Some("capability,yama"));
+        assert!(why.contains("CONFIG_SECURITY_LANDLOCK") && why.contains("upgrade the kernel"), "{why}");
+        assert!(!why.contains("lsm="), "{why}");
     }
 }

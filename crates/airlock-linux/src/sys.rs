@@ -209,6 +209,13 @@ pub fn loopback_up() -> io::Result<()> {
 
 /// The Landlock ABI version of the running kernel, or `None` without Landlock.
 pub fn landlock_abi() -> Option<u32> {
+    landlock_version().ok()
+}
+
+/// The Landlock ABI version, or the kernel's answer without Landlock:
+/// `ENOSYS` when it was built without it, `EOPNOTSUPP` when it has it but
+/// did not start it (landlock left out of the `lsm=` boot list).
+pub fn landlock_version() -> Result<u32, rustix::io::Errno> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with a NULL attribute pointer and size 0, this flag only asks
     // the kernel for its ABI version and touches no memory.
@@ -220,7 +227,12 @@ pub fn landlock_abi() -> Option<u32> {
             LANDLOCK_CREATE_RULESET_VERSION,
         )
     };
-    u32::try_from(ret).ok().filter(|v| *v > 0)
+    match u32::try_from(ret) {
+        Ok(version) if version > 0 => Ok(version),
+        _ => {
+            Err(rustix::io::Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(rustix::io::Errno::NOSYS))
+        }
+    }
 }
 
 /// Waits for child `pid` and returns the CPU time (user + system) it and the
