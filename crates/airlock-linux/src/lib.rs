@@ -57,6 +57,7 @@ use airlock_policy::{BackendKind, Layer, Policy, SandboxPath};
 pub use cgroup::{DELEGATED_CGROUP_ENV, HOLD_ARG, Hierarchy, hold};
 pub use instance::LinuxInstance;
 pub use network::PROXY_ADDR;
+pub use probe::{PROBE_USERNS_ARG, try_user_namespace};
 
 use crate::protocol::{Reply, Request, SetupPlan};
 
@@ -100,13 +101,14 @@ impl LinuxBackend {
 
     fn state(&self) -> &HostState {
         self.state.get_or_init(|| {
-            let cgroups = Hierarchy::detect(self.helper_path().ok().as_deref());
+            let helper = self.helper_path().ok();
+            let cgroups = Hierarchy::detect(helper.as_deref());
             if let Ok(h) = &cgroups {
                 // The next start after a crash cleans up what it left.
                 h.remove_stale();
             }
             let ids = hostid::Allocator::for_this_process();
-            let probe = probe::probe(&cgroups, &ids);
+            let probe = probe::probe_with_helper(&cgroups, &ids, helper.as_deref());
             let seccomp = Arc::new(seccomp::default_program());
             HostState { cgroups, ids, probe, seccomp }
         })

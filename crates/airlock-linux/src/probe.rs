@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::path::Path;
 
 use airlock_core::Probe;
 use airlock_policy::{BackendKind, Layer};
@@ -22,14 +23,32 @@ pub const NAMESPACE_LAYERS: [Layer; 8] = [
     Layer::CapabilitiesDropped,
 ];
 
+/// The helper's argument that makes it try one user namespace and exit
+/// (0 if the kernel made it); see [`try_user_namespace`].
+pub const PROBE_USERNS_ARG: &str = "probe-userns";
+
 /// Reads the host's facts and layers. `cgroups` is the outcome of
-/// [`Hierarchy::detect`], done once per process by the caller.
+/// [`Hierarchy::detect`], done once per process by the caller. The trial
+/// user namespace is made by a child of this program (the wasm backend's
+/// case: its worker makes none with a profile of its own).
 pub fn probe(cgroups: &Result<Hierarchy, String>, ids: &Result<crate::hostid::Allocator, String>) -> Probe {
+    probe_with_helper(cgroups, ids, None)
+}
+
+/// As [`probe`], with the trial user namespace made by `helper`, the
+/// binary that makes the runs' namespaces: a security module may judge it
+/// apart from this program (AppArmor's profile on Ubuntu names the helper
+/// alone).
+pub fn probe_with_helper(
+    cgroups: &Result<Hierarchy, String>,
+    ids: &Result<crate::hostid::Allocator, String>,
+    helper: Option<&Path>,
+) -> Probe {
     let mut available = BTreeSet::new();
     let mut missing = BTreeMap::new();
     let mut details = BTreeMap::new();
 
-    match user_namespaces(ids) {
+    match user_namespaces(ids, helper) {
         Ok(()) => {
             available.extend(NAMESPACE_LAYERS);
         }
@@ -97,7 +116,7 @@ fn landlock_missing(errno: rustix::io::Errno, started: Option<&str>) -> String {
 /// best), then AppArmor's restriction (Ubuntu 23.10 and later), then a real
 /// attempt, which catches what no file tells (a container runtime's seccomp
 /// filter refusing unshare).
-fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>) -> Result<(), String> {
+fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>, helper: Option<&Path>) -> Result<(), String> {
     let read = |path: &str| fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i64>().ok());
     let root = rustix::process::geteuid().is_root();
     if read("/proc/sys/user/max_user_namespaces") == Some(0) {
@@ -113,48 +132,91 @@ fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>) -> Result<(),
                     airlock as root"
             .to_owned());
     }
-    if !root
-        && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1)
-        && !std::path::Path::new(APPARMOR_PROFILE).exists()
-    {
-        return Err(format!(
-            "AppArmor restricts unprivileged user namespaces here (sysctl \
-             kernel.apparmor_restrict_unprivileged_userns=1) and airlock's helper has no profile: install the one \
-             airlock ships, packaging/apparmor/airlock-init, as {APPARMOR_PROFILE} with the path of airlock-init \
-             filled in, then `sudo apparmor_parser -r {APPARMOR_PROFILE}` (the README's \"Ubuntu 24.04\" section \
-             gives the commands)"
-        ));
+    let apparmor_restricts = !root && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1);
+    if apparmor_restricts && !Path::new(APPARMOR_PROFILE).exists() {
+        return Err(apparmor_fix("airlock's helper has no profile"));
     }
-    try_unshare_user_namespace()?;
+    try_unshare_user_namespace(helper).map_err(|why| {
+        if apparmor_restricts {
+            apparmor_fix(&format!(
+                "{APPARMOR_PROFILE} exists but does not let this helper make one ({why}): it is not loaded, or \
+                 names another path than the helper's"
+            ))
+        } else {
+            why
+        }
+    })?;
     crate::userns::check_mapping(ids)
+}
+
+/// The refusal under Ubuntu's AppArmor restriction: what is wrong, and the
+/// install commands of the README.
+fn apparmor_fix(what: &str) -> String {
+    format!(
+        "AppArmor restricts unprivileged user namespaces here (sysctl \
+         kernel.apparmor_restrict_unprivileged_userns=1) and {what}: install the profile airlock ships, \
+         packaging/apparmor/airlock-init, as {APPARMOR_PROFILE} with the path of airlock-init filled in, then \
+         `sudo apparmor_parser -r {APPARMOR_PROFILE}` (the README's \"Ubuntu 24.04\" section gives the commands)"
+    )
 }
 
 /// Where the README installs the helper's AppArmor profile.
 const APPARMOR_PROFILE: &str = "/etc/apparmor.d/airlock-init";
 
-/// Starts `/bin/true` in a user namespace of its own: the one check that
-/// sees every reason the kernel may refuse one.
-fn try_unshare_user_namespace() -> Result<(), String> {
+/// Makes one user namespace the way a run will: in the helper, which
+/// tries it and exits (see [`try_user_namespace`]); without a helper (the
+/// run will name it missing), in a child of this program that execs
+/// `/bin/true`. The one check that sees every reason the kernel may refuse
+/// one (a container runtime's seccomp filter, a security module).
+fn try_unshare_user_namespace(helper: Option<&Path>) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
-    let mut command = std::process::Command::new("/bin/true");
-    command.env_clear().stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
-    // SAFETY: between fork and exec the child only makes one system call,
-    // which neither allocates nor takes a lock.
-    unsafe {
-        command.pre_exec(|| {
-            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER).map_err(std::io::Error::from)
-        })
+    let mut command = match helper {
+        Some(helper) => {
+            let mut command = std::process::Command::new(helper);
+            command.arg(PROBE_USERNS_ARG);
+            command
+        }
+        None => {
+            let mut command = std::process::Command::new("/bin/true");
+            // SAFETY: between fork and exec the child only makes one system
+            // call, which neither allocates nor takes a lock.
+            unsafe {
+                command.pre_exec(|| {
+                    rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER).map_err(std::io::Error::from)
+                })
+            };
+            command
+        }
     };
-    match command.status() {
-        Ok(_) => Ok(()),
-        // No /bin/true: nothing was tried; the helper will say what it meets.
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => Ok(()),
-        Err(e) => Err(format!(
-            "this host refuses to make a user namespace (unshare(CLONE_NEWUSER): {e}); inside a container, its \
+    command.env_clear().stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+    let refused = |why: String| {
+        format!(
+            "this host refuses to make a user namespace (unshare(CLONE_NEWUSER): {why}); inside a container, its \
              runtime's seccomp profile or security module forbids it: start the container with \
              `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (docker, podman), or run \
              airlock on the host"
-        )),
+        )
+    };
+    match command.stderr(std::process::Stdio::piped()).output() {
+        Ok(out) if out.status.success() || helper.is_none() => Ok(()),
+        Ok(out) => Err(refused(String::from_utf8_lossy(&out.stderr).trim().to_owned())),
+        // No /bin/true: nothing was tried; the helper will say what it meets.
+        Err(e) if helper.is_none() && e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => Ok(()),
+        Err(e) => Err(refused(e.to_string())),
+    }
+}
+
+/// Helper side of [`PROBE_USERNS_ARG`]: makes a user namespace and exits 0,
+/// or prints the kernel's refusal and exits 1.
+pub fn try_user_namespace() -> ! {
+    // SAFETY: CLONE_NEWUSER shares or unshares no memory nor descriptor
+    // table; the process exits right after.
+    match unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER) } {
+        Ok(()) => std::process::exit(0),
+        Err(errno) => {
+            eprintln!("{}", std::io::Error::from(errno));
+            std::process::exit(1)
+        }
     }
 }
 
