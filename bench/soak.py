@@ -127,10 +127,16 @@ class Server:
                 pass
         return held
 
-    def mounts(self):
+    def mount_table(self):
+        """The server's mounts as (mount point, file system type), so a
+        change can be named: the server shares the host's mount namespace,
+        where anything on the machine may mount (perf mounts tracefs)."""
         with open(f"/proc/{self.proc.pid}/mountinfo") as f:
-            lines = f.read().splitlines()
-        return len(lines), sum(" - tmpfs " in line for line in lines)
+            return [(line.split(" ")[4], line.split(" - ")[1].split(" ")[0]) for line in f.read().splitlines()]
+
+    def mounts(self):
+        table = self.mount_table()
+        return len(table), sum(fstype == "tmpfs" for _, fstype in table)
 
 
 def post(url, token, body, timeout=120):
@@ -232,9 +238,13 @@ def main():
     warm = phase_runs(server, token, 2 * len(MIX), 4)
     time.sleep(1)
     base = {"rss_kib": server.status_kib("VmRSS"), "fds": server.fds(), "mounts": server.mounts()}
+    base_table = server.mount_table()
     main_phase = phase_runs(server, token, args.runs, args.clients)
     time.sleep(2)
     after = {"rss_kib": server.status_kib("VmRSS"), "fds": server.fds(), "mounts": server.mounts()}
+    after_table = server.mount_table()
+    mounts_changed = {"new": sorted(set(after_table) - set(base_table)),
+                      "gone": sorted(set(base_table) - set(after_table))}
     host_ids = server.host_ids_held()
     procs, cgroups, tmp = leftovers(pids)
     answered = warm["answered"] + main_phase["answered"]
@@ -246,7 +256,7 @@ def main():
         "wrong_outcome": len(main_phase["wrong"]), "audit_entries": entries, "chain": chain_text,
         "rss_kib_after_warmup": base["rss_kib"], "rss_kib_samples": main_phase["rss_kib"],
         "rss_kib_end": after["rss_kib"], "fds_after_warmup": base["fds"], "fds_end": after["fds"],
-        "mounts_after_warmup": base["mounts"], "mounts_end": after["mounts"],
+        "mounts_after_warmup": base["mounts"], "mounts_end": after["mounts"], "mounts_changed": mounts_changed,
         "left": {"processes": procs, "cgroups": cgroups, "work_dirs": tmp, "host_ids": host_ids},
     }
     if main_phase["wrong"]:
@@ -258,7 +268,8 @@ def main():
         problems.append(f"left behind: processes {procs[:5]}, cgroups {cgroups[:5]}, work dirs {tmp[:5]}, "
                         f"host ids still held {host_ids}")
     if after["fds"] > base["fds"] + 2 or after["mounts"] != base["mounts"]:
-        problems.append(f"descriptors or mounts grew: {base} -> {after}")
+        problems.append(f"descriptors or mounts grew: {base} -> {after}; mounts new {mounts_changed['new']}, "
+                        f"gone {mounts_changed['gone']}")
     # Flat: the end within 25% (and 16 MiB) of the figure after warm-up.
     if after["rss_kib"] > max(base["rss_kib"] * 1.25, base["rss_kib"] + 16384):
         problems.append(f"server memory grew: {base['rss_kib']} KiB after warm-up, {after['rss_kib']} KiB at the end")

@@ -137,6 +137,36 @@ pub fn airlock_command() -> Command {
     cmd
 }
 
+/// Runs the official MCP Python SDK's client (tests/mcp/client.py) with
+/// `args` (`stdio COMMAND [ARG...]` or `http URL TOKEN`) and `calls` on its
+/// stdin, with this build's helper and the test home in its environment:
+/// its JSON output, or its error output when it failed.
+pub fn mcp_sdk_client(args: &[&str], calls: &serde_json::Value) -> Result<serde_json::Value, String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py");
+    let probe = Command::new("python3").args(["-c", "import mcp"]).output().map_err(|e| format!("python3: {e}"))?;
+    assert!(probe.status.success(), "the MCP Python SDK is missing: pip install 'mcp==2.3.0'");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .env("AIRLOCK_INIT", helper())
+        .env("AIRLOCK_HOME", test_home())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the MCP client: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(calls.to_string().as_bytes()).map_err(|e| format!("writing the calls: {e}"))?;
+    }
+    let output = child.wait_with_output().map_err(|e| format!("waiting for the MCP client: {e}"))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    serde_json::from_slice(&output.stdout).map_err(|e| format!("the MCP client's output is not JSON: {e}"))
+}
+
 /// Everything this test process made that could outlive a run: cgroups
 /// named for this process, and processes whose command line holds `marker`.
 pub fn leftovers(marker: &str) -> Vec<String> {

@@ -101,7 +101,7 @@ airlock_tests::on_both_backends!(
     mcp_records_every_run_and_refuses_one_it_cannot_record,
 );
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -285,7 +285,6 @@ fn the_server_records_every_run_and_refuses_one_it_cannot_record(backend: Backen
 /// Runs the official MCP client over stdio against `airlock mcp`, started
 /// by `command`, with `calls`.
 fn mcp_session(command: Command, calls: &Value) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py");
     // The SDK passes the server almost no environment: `env` carries ours.
     let mut args: Vec<String> = command
         .get_envs()
@@ -293,19 +292,8 @@ fn mcp_session(command: Command, calls: &Value) -> Value {
         .collect();
     args.push(command.get_program().to_string_lossy().into_owned());
     args.extend(command.get_args().map(|a| a.to_string_lossy().into_owned()));
-    let mut child = Command::new("python3")
-        .arg(script)
-        .args(["stdio", "env"])
-        .args(&args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(calls.to_string().as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "the MCP client failed: {}", String::from_utf8_lossy(&output.stderr));
-    serde_json::from_slice(&output.stdout).unwrap()
+    let mode: Vec<&str> = ["stdio", "env"].into_iter().chain(args.iter().map(String::as_str)).collect();
+    airlock_tests::mcp_sdk_client(&mode, calls).unwrap_or_else(|error| panic!("the MCP client failed: {error}"))
 }
 
 fn mcp_records_every_run_and_refuses_one_it_cannot_record(backend: BackendKind) {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use airlock_server::token_sha256;
-use airlock_tests::{airlock_command, data_image, leftovers_of};
+use airlock_tests::{airlock_command, data_image, leftovers_of, mcp_sdk_client};
 use base64::Engine as _;
 use reqwest::StatusCode;
 use reqwest::blocking::{Client, Response};
@@ -766,30 +766,6 @@ fn the_audit_chain_verifies_then_an_edit_of_the_file_is_caught() {
     assert!(out.contains(&ids[1]), "{out}");
 }
 
-/// Runs the MCP client of the official Python SDK with `calls`; its
-/// output, or its error output when it failed.
-fn mcp_client(mode_args: &[&str], calls: &Value) -> Result<Value, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/client.py");
-    let probe = Command::new("python3").args(["-c", "import mcp"]).output().unwrap();
-    assert!(probe.status.success(), "the MCP Python SDK is missing: pip install 'mcp==2.3.0'");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .args(mode_args)
-        .env("AIRLOCK_INIT", airlock_tests::helper())
-        .env("AIRLOCK_HOME", airlock_tests::test_home())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(calls.to_string().as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    if !output.status.success() {
-        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
-    }
-    Ok(serde_json::from_slice(&output.stdout).unwrap())
-}
-
 fn weighted_median_calls() -> Value {
     json!([
         {"name": "run_python", "arguments": {"code": weighted_median_with_figure(), "outputs": ["/work/out.json"]}},
@@ -878,7 +854,7 @@ fn mcp_over_stdio_with_the_official_python_sdk() {
         .unwrap();
     let sales = examples().join("sales.csv");
     let airlock = airlock_tests::airlock_bin();
-    let session = mcp_client(
+    let session = mcp_sdk_client(
         &[
             "stdio",
             airlock.to_str().unwrap(),
@@ -906,7 +882,7 @@ fn mcp_over_stdio_with_the_official_python_sdk() {
 fn mcp_over_streamable_http_with_the_official_python_sdk() {
     let sales = examples().join("sales.csv");
     let server = Server::start("", &["--file", &format!("{}:/work/sales.csv", sales.display())]);
-    let session = mcp_client(&["http", &server.url("/mcp"), ALICE], &weighted_median_calls())
+    let session = mcp_sdk_client(&["http", &server.url("/mcp"), ALICE], &weighted_median_calls())
         .unwrap_or_else(|error| panic!("the MCP client failed: {error}"));
     check_mcp_session(&session);
     let (_, page) = json_of(server.get(ALICE, "/v1/runs"));
@@ -915,7 +891,7 @@ fn mcp_over_streamable_http_with_the_official_python_sdk() {
     assert!(runs.iter().all(|r| r["principal"] == "alice"), "recorded under the token's name");
     // Without a token the MCP endpoint is closed like the rest.
     // (The SDK does not say the status; the auth test checks the 401 itself.)
-    let refused = mcp_client(&["http", &server.url("/mcp"), "wrong"], &json!([])).unwrap_err();
+    let refused = mcp_sdk_client(&["http", &server.url("/mcp"), "wrong"], &json!([])).unwrap_err();
     assert!(refused.contains("initialize"), "{refused}");
 }
 
@@ -1117,7 +1093,7 @@ fn mcp_cancellation_stops_the_run_and_frees_its_slot() {
     ]);
     let _ = data_image();
     let session =
-        mcp_client(&["stdio", airlock.to_str().unwrap(), "mcp", "--config", config.to_str().unwrap()], &calls)
+        mcp_sdk_client(&["stdio", airlock.to_str().unwrap(), "mcp", "--config", config.to_str().unwrap()], &calls)
             .unwrap_or_else(|error| panic!("the MCP client failed: {error}"));
     let second = &session["results"][1];
     assert_eq!(second["isError"], false, "{second}");
@@ -1139,7 +1115,7 @@ fn mcp_results_fit_the_operators_budget_and_link_the_rest() {
     let calls = json!([
         {"name": "run_python", "arguments": {"code": code, "outputs": ["/work/big.bin", "/work/small.txt"]}},
     ]);
-    let session = mcp_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
+    let session = mcp_sdk_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
     let result = &session["results"][0];
     assert_eq!(result["isError"], false, "{result:#}");
     assert!(result["bytes"].as_u64().unwrap() < 65536 + 16384, "a result within the budget: {} bytes", result["bytes"]);
@@ -1157,7 +1133,7 @@ fn mcp_results_fit_the_operators_budget_and_link_the_rest() {
     // The link is read over MCP in parts a client takes (its messages are
     // capped at 1 MiB), and over HTTP by the run's id, whole.
     let reads = json!([{"read": uri}, {"read": format!("{uri}?offset=5767168")}]);
-    let read = mcp_client(&["http", &server.url("/mcp"), ALICE], &reads).unwrap();
+    let read = mcp_sdk_client(&["http", &server.url("/mcp"), ALICE], &reads).unwrap();
     let part = |n: usize| {
         let blob = read["results"][n]["contents"][0]["blob"].as_str().unwrap_or_else(|| panic!("bytes: {read}"));
         base64::engine::general_purpose::STANDARD.decode(blob).unwrap().len()
@@ -1171,7 +1147,7 @@ fn mcp_results_fit_the_operators_budget_and_link_the_rest() {
     assert_eq!(whole.bytes().unwrap().len(), 6_000_000);
     // Another token may not read it.
     assert_eq!(server.get(BOB, &format!("/v1/runs/{run_id}/artifacts/0")).status(), StatusCode::NOT_FOUND);
-    let refused = mcp_client(&["http", &server.url("/mcp"), BOB], &json!([{"read": uri}])).unwrap();
+    let refused = mcp_sdk_client(&["http", &server.url("/mcp"), BOB], &json!([{"read": uri}])).unwrap();
     assert!(refused["results"][0]["error"].is_string(), "{refused}");
 }
 
@@ -1182,7 +1158,7 @@ fn the_tool_description_tells_the_truth_about_limits() {
         {"name": "run_python", "arguments": {"code": "1", "timeout_s": 60, "memory_mb": 1024}},
         {"name": "run_python", "arguments": {"code": "1", "timeout_s": 61}},
     ]);
-    let session = mcp_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
+    let session = mcp_sdk_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
     let description = session["tools"][0]["description"].as_str().unwrap();
     assert!(!description.contains("may ask for less"), "{description}");
     assert!(description.contains("up to 60 s") && description.contains("1024 MiB"), "{description}");
@@ -1199,7 +1175,7 @@ fn strict_mode_schemas_let_the_model_leave_every_limit_null() {
     let server = Server::start("", &[]);
     let calls = json!([{"name": "run_python", "arguments": {
         "code": "6 * 7", "outputs": null, "timeout_s": null, "cpu_time_s": null, "memory_mb": null}}]);
-    let session = mcp_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
+    let session = mcp_sdk_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
     for tool in session["tools"].as_array().unwrap() {
         let schema = &tool["inputSchema"];
         assert_eq!(schema["additionalProperties"], false);
@@ -1216,7 +1192,7 @@ fn strict_mode_schemas_let_the_model_leave_every_limit_null() {
 fn no_operator_advice_reaches_the_model() {
     let server = Server::start("", &[]);
     let calls = json!([{"name": "run_python", "arguments": {"code": "import sklearn"}}]);
-    let session = mcp_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
+    let session = mcp_sdk_client(&["http", &server.url("/mcp"), ALICE], &calls).unwrap();
     let result = &session["results"][0];
     let text = result["content"][0]["text"].as_str().unwrap();
     assert!(text.contains("ModuleNotFoundError") && text.contains("does not have it"), "{text}");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use airlock_core::RuntimeMount;
 use airlock_policy::RunRecord;
 
-use super::fetch::{self, FileCache, Wanted, shell_quote};
+use super::fetch::{self, FileCache, shell_quote};
 use super::index::PackageIndex;
 use super::lock::{Lock, Selected};
 use super::manifest::{self, FORMAT, Manifest, Package};
@@ -132,9 +132,7 @@ impl ImageStore {
 
         let tools = self.toolbox()?;
         let (steps, index, cache, uv_root) = (tools.steps(), &tools.index, &tools.cache, &tools.uv_root);
-        let mut wanted: Vec<Wanted> =
-            selected.iter().map(|s| Wanted { package: s.name.clone(), file: s.file.clone() }).collect();
-        wanted.extend(uv::wanted(uv_root)?);
+        let wanted = tools.fetch_list(&selected)?;
         progress(BuildEvent::Step {
             index: 2,
             total: STEPS,

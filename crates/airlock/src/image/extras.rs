@@ -13,7 +13,7 @@ use airlock_core::Runtime;
 use airlock_policy::RunRecord;
 
 use super::build::{Target, image_hash, packages};
-use super::fetch::{self, Wanted};
+use super::fetch;
 use super::lock::{Lock, LockedPackage};
 use super::manifest::{FORMAT, ImageLink, Manifest};
 use super::tags::normalize;
@@ -125,9 +125,7 @@ impl ImageStore {
 
         let tools = self.toolbox()?;
         let (steps, index, cache, uv_root) = (tools.steps(), &tools.index, &tools.cache, &tools.uv_root);
-        let mut fetch_list: Vec<Wanted> =
-            selected.iter().map(|s| Wanted { package: s.name.clone(), file: s.file.clone() }).collect();
-        fetch_list.extend(uv::wanted(uv_root)?);
+        let fetch_list = tools.fetch_list(&selected)?;
         progress(BuildEvent::Step {
             index: 2,
             total: 4,

@@ -10,6 +10,8 @@ use std::time::Duration;
 use airlock_core::{Backend, Runtime};
 use airlock_policy::{HostFacts, Policy, PolicySpec, RunRecord, Status};
 
+use super::fetch::Wanted;
+use super::lock::Selected;
 use crate::sandbox::{Audit, RunError, RunRequest, Sandbox};
 
 /// Who runs build steps, and where their records go.
@@ -35,6 +37,15 @@ pub(crate) struct Toolbox {
 impl Toolbox {
     pub(crate) fn steps(&self) -> Steps<'_> {
         Steps { backend: self.backend, audit: self.audit.as_ref(), host: self.host }
+    }
+
+    /// Every file a build downloads: the selected distributions, then uv's
+    /// own archive (when the toolbox's uv has not been fetched yet).
+    pub(crate) fn fetch_list(&self, selected: &[Selected]) -> Result<Vec<Wanted>, crate::Error> {
+        let mut wanted: Vec<Wanted> =
+            selected.iter().map(|s| Wanted { package: s.name.clone(), file: s.file.clone() }).collect();
+        wanted.extend(super::uv::wanted(&self.uv_root)?);
+        Ok(wanted)
     }
 }
 
