@@ -118,9 +118,6 @@ pub(crate) fn prepare(engine: &Engine, module: &Module, spec: GuestSpec) -> Resu
         .map_err(|e| format!("starting the guest's event loop: {e}"))?;
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
-    // The engine interrupts on epochs (the compiled module is built so), but
-    // nothing advances the epoch here: time is the supervisor's to keep.
-    store.set_epoch_deadline(u64::MAX / 2);
     store.call_hook(watch_descriptors);
     let pre = linker(engine)
         .and_then(|linker| linker.instantiate_pre(module))
