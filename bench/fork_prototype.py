@@ -25,7 +25,8 @@
 # its own (the template unshares it before the fork and resets it after, so
 # the child is PID 1 of a fresh one), then in the child: die with the
 # template; new mount, IPC, UTS, network and cgroup namespaces; fresh tmpfs
-# on /work, /tmp and /dev/shm and a /proc of its PID namespace only; the
+# on /work, /tmp and /dev/shm and a /proc of its PID namespace only, with
+# the masks the template's /proc has (a cold run's, copied); the
 # run's files copied in; a nested user namespace (in which it holds nothing
 # once capabilities are dropped; its mount namespace belongs to the
 # template's user namespace, so its mounts are beyond it); the bounding set and every capability dropped,
@@ -145,6 +146,46 @@ def install_seccomp(program):
     check(libc.syscall(SYS_SECCOMP, SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(prog)), "seccomp")
 
 
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+
+
+def proc_masks():
+    """The masks over the template's /proc (a cold run's: files behind
+    /dev/null, directories behind an empty tmpfs, /proc/sys and /proc/fs
+    read-only), from its mount table, in order: (kind, path)."""
+    masks = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            root, target = fields[3], fields[4]
+            fstype = fields[fields.index("-") + 1]
+            if not target.startswith("/proc/"):
+                continue
+            if fstype == "devtmpfs" and root == "/null":
+                masks.append(("null", target))
+            elif fstype == "tmpfs":
+                masks.append(("empty", target))
+            elif fstype == "proc":
+                masks.append(("read_only", target))
+    return masks
+
+
+def apply_proc_masks(masks):
+    """The same masks over the fork's fresh /proc, which has none."""
+    hidden = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    for kind, target in masks:
+        if not os.path.exists(target):
+            continue
+        if kind == "null":
+            mount("/dev/null", target, None, MS_BIND)
+            mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | hidden)
+        elif kind == "empty":
+            mount("tmpfs", target, "tmpfs", MS_RDONLY | hidden, "size=4k,nr_inodes=1")
+        else:
+            mount(target, target, None, MS_BIND)
+            mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | hidden)
+
+
 def reseed_or_fail(template_states):
     """New randomness from the kernel for the run's generators; the run
     never starts with the template's."""
@@ -159,7 +200,7 @@ def reseed_or_fail(template_states):
         raise SystemExit(125)
 
 
-def fork_child(kind, argv, out_fd, seccomp, template_states):
+def fork_child(kind, argv, out_fd, seccomp, template_states, masks):
     """The forked run; never returns."""
     try:
         # The run's own streams: the template's standard input carries the
@@ -183,6 +224,7 @@ def fork_child(kind, argv, out_fd, seccomp, template_states):
         for path in ("/work", "/tmp", "/dev/shm"):
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,nr_inodes=4096,mode=1777")
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        apply_proc_masks(masks)
         libc.sethostname(b"airlock", 7)
         if kind == "job":
             with open("/work/sales.csv", "wb") as f:
@@ -214,7 +256,7 @@ def fork_child(kind, argv, out_fd, seccomp, template_states):
 
 
 PROBE = r"""
-import ctypes, json, os, random, sys, threading, time
+import ctypes, json, os, random, stat, sys, threading, time
 import numpy
 found = {"pid": os.getpid(), "proc": sorted(p for p in os.listdir("/proc") if p.isdigit()),
          "tmp": os.listdir("/tmp"), "work": os.listdir("/work"), "shm": os.listdir("/dev/shm"),
@@ -223,7 +265,14 @@ found = {"pid": os.getpid(), "proc": sorted(p for p in os.listdir("/proc") if p.
          "uid": os.getuid(), "hostname": os.uname().nodename,
          "marker_env": os.environ.get("AIRLOCK_PROBE_MARK"), "marker_module": getattr(json, "airlock_mark", None),
          "fake_module": "airlock_fake" in sys.modules, "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
-         "threads": len(os.listdir("/proc/self/task"))}
+         "threads": len(os.listdir("/proc/self/task")),
+         "kallsyms_is_dev_null": stat.S_ISCHR(os.stat("/proc/kallsyms").st_mode),
+         "proc_acpi": os.listdir("/proc/acpi") if os.path.isdir("/proc/acpi") else None}
+try:
+    open("/proc/sys/kernel/hostname", "w").close()
+    found["proc_sys"] = "writable"
+except OSError as e:
+    found["proc_sys"] = os.strerror(e.errno)
 found["pgrp"], found["sid"] = os.getpgrp(), os.getsid(0)
 libc = ctypes.CDLL(None, use_errno=True)
 def attempt(result):
@@ -247,7 +296,7 @@ print(json.dumps(found))
 """
 
 
-def fork_once(kind, argv, seccomp, states, own_pid_ns):
+def fork_once(kind, argv, seccomp, states, own_pid_ns, masks):
     """One forked run, PID 1 of a fresh PID namespace; returns its exit
     status (the template reaps it) and its output."""
     read_end, write_end = os.pipe()
@@ -255,7 +304,7 @@ def fork_once(kind, argv, seccomp, states, own_pid_ns):
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        fork_child(kind, argv, write_end, seccomp, states)
+        fork_child(kind, argv, write_end, seccomp, states, masks)
     # Children made from here on are born in the template's own PID namespace again.
     check(libc.setns(own_pid_ns, CLONE_NEWPID), "setns back")
     os.close(write_end)
@@ -278,12 +327,13 @@ def template(seccomp_path):
     with open(seccomp_path, "rb") as f:
         seccomp = f.read()
     own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    masks = proc_masks()
     # What a fork must not keep: the template's generator states.
     states = (random.getstate(), numpy.random.get_state()[1].tobytes())
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         kind, *argv = line.split()
-        status, output = fork_once(kind, argv, seccomp, states, own_pid_ns)
+        status, output = fork_once(kind, argv, seccomp, states, own_pid_ns, masks)
         reply = {
             "status": status,
             "output": output.decode(errors="replace"),
@@ -390,12 +440,13 @@ def in_sandbox():
     with open("/work/default-seccomp.bpf", "rb") as f:
         seccomp = f.read()
     own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    masks = proc_masks()
     states = (random.getstate(), numpy.random.get_state()[1].tobytes())
     job_ms = []
     for i in range(13):
         kind, argv = ("probe", []) if i < 3 else ("job", ["/work/sales.csv", "/work/weighted_median.py"])
         start = time.perf_counter()
-        status, output = fork_once(kind, argv, seccomp, states, own_pid_ns)
+        status, output = fork_once(kind, argv, seccomp, states, own_pid_ns, masks)
         if kind == "probe":
             print("probe", i, "status", status, output.decode(errors="replace").strip())
         elif status != 0 or b"weighted median price" not in output:
