@@ -19,21 +19,25 @@
 #                          against bare cold Python, A B A B, the order
 #                          swapped every round; jobs per second, one at a
 #                          time, each way; then 20 probes of what a fork
-#                          sees (randomness, leftovers, PIDs, attempts).
+#                          sees (randomness, leftovers, PIDs, attempts), and
+#                          one run whose code sends itself SIGTERM.
 #
-# Each fork, in this order (the order is the argument): a PID namespace of
-# its own (the template unshares it before the fork and resets it after, so
-# the child is PID 1 of a fresh one), then in the child: die with the
-# template; new mount, IPC, UTS, network and cgroup namespaces; fresh tmpfs
-# on /work, /tmp and /dev/shm and a /proc of its PID namespace only, with
-# the masks the template's /proc has (a cold run's, copied); the
-# run's files copied in; a nested user namespace (in which it holds nothing
-# once capabilities are dropped; its mount namespace belongs to the
-# template's user namespace, so its mounts are beyond it); the bounding set and every capability dropped,
-# no_new_privs; Landlock (writes below /work, /tmp, /dev/shm only); every
-# descriptor but 0-2 closed; the run's seccomp filter stacked on the
-# template's; random and numpy.random reseeded and checked (the run fails,
-# exit 125, if either still holds the template's state); then the code.
+# Each run, in this order (the order is the argument): a PID namespace of
+# its own, whose PID 1 is a fork of the template that only reaps, as a cold
+# run's init (the template unshares the namespace before that fork and
+# resets it after); the code's process, a second fork born in it as PID 2,
+# so that the template reaps it and reads its wait status. In it: die with
+# the template; new mount, IPC, UTS, network and cgroup namespaces; fresh
+# tmpfs on /work, /tmp and /dev/shm and a /proc of its PID namespace only,
+# with the masks the template's /proc has (a cold run's, copied); the run's
+# files copied in; a nested user namespace (in which it holds nothing once
+# capabilities are dropped; its mount namespace belongs to the template's
+# user namespace, so its mounts are beyond it); the bounding set and every
+# capability dropped, no_new_privs; Landlock (writes below /work, /tmp,
+# /dev/shm only); every descriptor but 0-2 closed; the run's seccomp filter
+# stacked on the template's; random and numpy.random reseeded and checked
+# (the run fails, exit 125, if either still holds the template's state);
+# then the code.
 
 import ctypes
 import json
@@ -213,7 +217,7 @@ def fork_child(kind, argv, out_fd, seccomp, template_states, masks):
         os.setsid()
         prctl(PR_SET_PDEATHSIG, 9)
         # The run's files and code, as the supervisor would copy them in.
-        csv, source = b"", PROBE.encode()
+        csv, source = b"", {"probe": PROBE, "sigterm": SIGTERM_SELF}.get(kind, "").encode()
         if kind == "job":
             with open(argv[0], "rb") as f:
                 csv = f.read()
@@ -255,6 +259,10 @@ def fork_child(kind, argv, out_fd, seccomp, template_states, masks):
         os._exit(126)
 
 
+# The code sends itself SIGTERM: as PID 2 it dies of it, as in a cold run
+# (PID 1 of a namespace, it would be dropped by the kernel).
+SIGTERM_SELF = "import os\nos.kill(os.getpid(), 15)\nprint('still alive')\n"
+
 PROBE = r"""
 import ctypes, json, os, random, stat, sys, threading, time
 import numpy
@@ -280,6 +288,16 @@ def attempt(result):
 # Undo the fresh /tmp (MNT_DETACH); make a namespace (the filter refuses).
 found["attempts"] = {"umount_tmp": attempt(libc.umount2(b"/tmp", 2)),
                      "unshare_user": attempt(libc.unshare(0x10000000))}
+# The run's init: its view (the template's) closed to the code, its life
+# beyond the code's signals.
+try:
+    os.listdir("/proc/1/root/")
+    found["init_root"] = "readable"
+except OSError as e:
+    found["init_root"] = os.strerror(e.errno)
+os.kill(1, 9)
+time.sleep(0.05)
+found["init_after_sigkill"] = "alive" if os.path.exists("/proc/1/status") else "gone"
 # What the next fork must not find.
 for path in ("/tmp/left", "/work/left", "/dev/shm/left"):
     open(path, "w").write("x")
@@ -296,23 +314,83 @@ print(json.dumps(found))
 """
 
 
+def run_init(run_over, seccomp):
+    """PID 1 of the run's PID namespace, as a cold run's init: holds nothing
+    (no capability, undumpable, so the code cannot open its /proc/1/root,
+    the template's view), reaps orphans, and exits when the template says
+    the code has ended; the kernel then ends every process of the
+    namespace. Never returns."""
+    try:
+        os.setsid()
+        prctl(PR_SET_PDEATHSIG, 9)
+        prctl(PR_SET_DUMPABLE, 0)
+        os.closerange(3, run_over)
+        os.closerange(run_over + 1, 1 << 16)
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        drop_capabilities()
+        install_seccomp(seccomp)
+        import select
+
+        while not select.select([run_over], [], [], 0.1)[0]:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                pass
+        os._exit(0)
+    except BaseException:  # noqa: BLE001
+        os._exit(125)
+
+
 def fork_once(kind, argv, seccomp, states, own_pid_ns, masks):
-    """One forked run, PID 1 of a fresh PID namespace; returns its exit
-    status (the template reaps it) and its output."""
-    read_end, write_end = os.pipe()
+    """One forked run: its init, PID 1 of a fresh PID namespace, then the
+    code's process, PID 2, born in it (if the init has died, the fork fails
+    and so does the run); both the template's children, so the
+    template reaps the code and reads its wait status itself. Returns that
+    status and the code's output."""
+    import select
+
+    run_over_read, run_over_write = os.pipe()
     unshare(CLONE_NEWPID)
-    pid = os.fork()
-    if pid == 0:
+    init = os.fork()
+    if init == 0:
+        os.close(run_over_write)
+        run_init(run_over_read, seccomp)
+    os.close(run_over_read)
+    # The next child is born in the init's namespace too (the template
+    # cannot open the init's /proc/PID/ns once it is undumpable; it needs
+    # not: its namespace for children is still the init's).
+    read_end, write_end = os.pipe()
+    code = os.fork()
+    if code == 0:
         os.close(read_end)
+        os.close(run_over_write)
         fork_child(kind, argv, write_end, seccomp, states, masks)
-    # Children made from here on are born in the template's own PID namespace again.
+    # ...and from here on in the template's own again.
     check(libc.setns(own_pid_ns, CLONE_NEWPID), "setns back")
     os.close(write_end)
-    output = b""
-    while chunk := os.read(read_end, 65536):
-        output += chunk
+    output, status = b"", None
+    while True:
+        if select.select([read_end], [], [], 0.05)[0]:
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            output += chunk
+        if status is None:
+            pid, status = os.waitpid(code, os.WNOHANG)
+            if pid == 0:
+                status = None
+            else:
+                # The code ended: the init goes, and with it whatever the code
+                # left running (which may hold its output pipe open).
+                os.close(run_over_write)
+    if status is None:
+        _, status = os.waitpid(code, 0)
+        os.close(run_over_write)
     os.close(read_end)
-    _, status = os.waitpid(pid, 0)
+    os.waitpid(init, 0)
     return os.waitstatus_to_exitcode(status), output
 
 
@@ -396,6 +474,7 @@ def bench(rounds, python, bare_script, csv, script, seccomp, json_out):
     replies = [forked("probe")[1] for _ in range(20)]
     probes = [json.loads(reply["output"]) for reply in replies]
     template_sees = {tuple(reply["template_sees"]) for reply in replies}
+    sigterm = forked("sigterm")[1]
     tmpl.stdin.close()
     tmpl.wait()
     distinct = {key: len({p[key] for p in probes}) for key in ("random", "numpy", "urandom", "hash", "libc_printf")}
@@ -403,7 +482,8 @@ def bench(rounds, python, bare_script, csv, script, seccomp, json_out):
         p
         for p in probes
         if p["tmp"] or p["work"] or p["shm"] or p["marker_env"] or p["marker_module"] or p["fake_module"]
-        or p["fds"] != [0, 1, 2, 3] or p["threads"] != 1 or p["proc"] != ["1"]
+        or p["fds"] != [0, 1, 2, 3] or p["threads"] != 1 or p["proc"] != ["1", "2"]
+        or p["init_root"] == "readable" or p["init_after_sigkill"] != "alive"
     ]
     result = {
         "rounds": rounds,
@@ -416,6 +496,7 @@ def bench(rounds, python, bare_script, csv, script, seccomp, json_out):
         "distinct_across_probes": distinct,
         "probes_finding_an_earlier_runs_leftovers": len(left),
         "template_pids_after_each_fork": sorted(template_sees),
+        "sigterm_to_self": {"status": sigterm["status"], "output": sigterm["output"]},
         "probe_example": probes[0],
         "loadavg": open("/proc/loadavg").read().split()[:3],
     }

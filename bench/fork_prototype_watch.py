@@ -1,9 +1,9 @@
 # The supervisor's side of a forked run, tried from outside while
 # bench/fork_prototype.py runs inside a patched sandbox (bench/results/pool.md
 # says how): run as root beside it, with a job script that writes
-# /work/visible and sleeps. Finds the fork's host pid (NSpid ends in 1, three
-# levels: host, the sandbox's run, the fork's own), checks the template's
-# children file names it, opens the fork's /work through /proc/PID/root,
+# /work/visible and sleeps. Finds the code process's host pid (NSpid ends in
+# 2, three levels: host, the sandbox's run, the run's own; PID 1 is the run's
+# init), checks the template's children file names it, opens the fork's /work through /proc/PID/root,
 # moves the fork into new cgroups beside the sandbox's (one write per v1
 # hierarchy: pids, memory, cpu, cpuacct), and reads /work through the held
 # descriptor once the fork is gone; then removes the cgroups it made.
@@ -24,7 +24,7 @@ def find_fork(timeout):
     while time.time() < deadline:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             nspid = (status(pid) or {}).get("NSpid", "").split()
-            if len(nspid) == 3 and nspid[-1] == "1" and os.path.exists(f"/proc/{pid}/root/work/visible"):
+            if len(nspid) == 3 and nspid[-1] == "2" and os.path.exists(f"/proc/{pid}/root/work/visible"):
                 return int(pid)
         time.sleep(0.05)
     raise SystemExit("no fork found")
