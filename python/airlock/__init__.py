@@ -13,11 +13,14 @@ Each ``Sandbox`` is a disposable Linux sandbox (namespaces, seccomp,
 Landlock, cgroups) with no network, an empty environment and hard limits,
 run in-process by airlock's Rust library: there is no server to start. Every
 run returns a ``RunResult`` carrying its code and the whole run record.
+A ``Pool`` keeps sandboxes ready, their imports done, for runs that must
+answer in tens of milliseconds.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from ._errors import ArtifactError, PolicyError, SandboxError, SandboxUnavailable
+from ._pool import Pool, PoolStats
 from ._result import DisplayData, ErrorInfo, Figure, RunResult, Usage
 from ._sandbox import Sandbox
 
@@ -32,6 +35,8 @@ __all__ = [
     "ErrorInfo",
     "Figure",
     "PolicyError",
+    "Pool",
+    "PoolStats",
     "RunResult",
     "Sandbox",
     "SandboxError",

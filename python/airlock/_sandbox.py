@@ -104,7 +104,7 @@ class Sandbox:
         audit: Union[bool, str, "os.PathLike[str]", None] = None,
     ) -> None:
         settings: dict[str, Any] = {
-            "network": _allowed_hosts(network),
+            "network": network,
             "timeout_s": timeout_s,
             "cpu_time_s": cpu_time_s,
             "mem_mb": mem_mb,
@@ -117,21 +117,28 @@ class Sandbox:
             "max_file_bytes": max_file_bytes,
             "max_files_total_bytes": max_files_total_bytes,
             "open_files": open_files,
-            "env": _mapping("env", env),
+            "env": env,
             "max_network_bytes_out": max_network_bytes_out,
             "max_network_bytes_in": max_network_bytes_in,
             "max_connections": max_connections,
-            "allow_degraded": _strings("allow_degraded", allow_degraded),
-            "with_packages": _strings("with_packages", with_packages),
+            "allow_degraded": allow_degraded,
+            "with_packages": with_packages,
         }
-        if not isinstance(image, str):
-            raise PolicyError(f"image must be the name of an image, such as 'python-data' (got {image!r})")
-        spec = {_RENAMED.get(name, name): value for name, value in settings.items() if value is not None}
+        _check_image(image)
+        spec_json = _spec_json(settings)
         try:
-            self._native = _native.Sandbox(_to_json(spec), image, _audit_store(audit))
+            self._native = _native.Sandbox(spec_json, image, _audit_store(audit))
         except PolicyError as error:
             raise PolicyError(_in_keyword_terms(str(error))) from None
         self._image = image
+
+    @classmethod
+    def _wrap(cls, native: "_native.Sandbox", image: str) -> "Sandbox":
+        """A sandbox around a native one made elsewhere (a pool's)."""
+        sandbox = cls.__new__(cls)
+        sandbox._native = native
+        sandbox._image = image
+        return sandbox
 
     def write(self, path: str, data: Data) -> None:
         """Copies ``data`` into the sandbox at ``path`` (``/work/x.csv`` or
@@ -250,6 +257,50 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(image={self._image!r}, closed={self.closed})"
+
+
+#: The keyword arguments of ``Sandbox`` that make its policy.
+SETTINGS = (
+    "network",
+    "timeout_s",
+    "cpu_time_s",
+    "mem_mb",
+    "pids",
+    "cpus",
+    "disk_mb",
+    "disk_inodes",
+    "max_output_bytes",
+    "on_output_limit",
+    "max_file_bytes",
+    "max_files_total_bytes",
+    "open_files",
+    "env",
+    "max_network_bytes_out",
+    "max_network_bytes_in",
+    "max_connections",
+    "allow_degraded",
+    "with_packages",
+)
+
+
+def _spec_json(settings: Mapping[str, Any]) -> str:
+    """The ``PolicySpec`` JSON for ``Sandbox``'s keyword arguments (``None``
+    keeps the default)."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the settings are: {', '.join(SETTINGS)}")
+    checked = dict(settings)
+    checked["network"] = _allowed_hosts(settings.get("network"))
+    checked["env"] = _mapping("env", settings.get("env"))
+    checked["allow_degraded"] = _strings("allow_degraded", settings.get("allow_degraded"))
+    checked["with_packages"] = _strings("with_packages", settings.get("with_packages"))
+    spec = {_RENAMED.get(name, name): value for name, value in checked.items() if value is not None}
+    return _to_json(spec)
+
+
+def _check_image(image: Any) -> None:
+    if not isinstance(image, str):
+        raise PolicyError(f"image must be the name of an image, such as 'python-data' (got {image!r})")
 
 
 def _as_bytes(what: str, data: Data) -> bytes:

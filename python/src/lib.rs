@@ -11,6 +11,7 @@
 
 mod errors;
 mod helper;
+mod pool;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,8 +62,7 @@ impl NativeSandbox {
     #[pyo3(signature = (spec_json, image, audit=None))]
     fn new(py: Python<'_>, spec_json: &str, image: &str, audit: Option<&str>) -> PyResult<NativeSandbox> {
         let sandbox = py.detach(|| create(spec_json, image, audit)).map_err(|f| f.into_py(py))?;
-        let kill = sandbox.kill_switch();
-        Ok(NativeSandbox { sandbox: Mutex::new(Some(sandbox)), kill, stopped: AtomicBool::new(false) })
+        Ok(NativeSandbox::wrap(sandbox))
     }
 
     /// Copies `data` into the work directory at `path`.
@@ -142,6 +142,12 @@ impl NativeSandbox {
 }
 
 impl NativeSandbox {
+    /// The Python face of `sandbox` (made here, or taken from a pool).
+    fn wrap(sandbox: airlock::Sandbox) -> NativeSandbox {
+        let kill = sandbox.kill_switch();
+        NativeSandbox { sandbox: Mutex::new(Some(sandbox)), kill, stopped: AtomicBool::new(false) }
+    }
+
     /// Runs `request` on a thread of its own while this one waits with the
     /// GIL released, taking it back every [`SIGNAL_POLL`] so that Python can
     /// handle signals: Ctrl-C kills the run and raises KeyboardInterrupt
@@ -311,5 +317,5 @@ fn helper_path(py: Python<'_>) -> PyResult<String> {
 #[pymodule(name = "_native")]
 mod native {
     #[pymodule_export]
-    use super::{NativeSandbox, helper_path};
+    use super::{NativeSandbox, helper_path, pool::NativePool};
 }

@@ -17,6 +17,7 @@ fn pool(policy: Policy, size: usize, preload: &[&str]) -> Pool {
         size,
         preload: preload.iter().map(|m| m.to_string()).collect(),
         idle_expiry: Duration::from_secs(600),
+        memory_budget: None,
     };
     let pool = Pool::with_backend(linux(), policy, data_image(), options, None);
     assert!(pool.wait_ready(size, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
@@ -230,6 +231,7 @@ fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
         size: 1,
         preload: vec!["airlock_no_such_module".to_owned()],
         idle_expiry: Duration::from_secs(600),
+        memory_budget: None,
     };
     let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -252,4 +254,90 @@ fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
     assert_eq!(record.stdout.trim(), "b");
     assert_eq!(record.usage.start, Some(RunStart::Cold));
     assert!(record.isolation.details["pool"].contains("env"), "{:?}", record.isolation.details);
+}
+
+#[test]
+fn a_claim_lowers_the_memory_and_process_limits_and_the_lower_ones_are_enforced() {
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 1, &["numpy", "pandas"]);
+    let with = |limits: &airlock::Limits, code: &str| {
+        pool.wait_ready(1, Duration::from_secs(120));
+        let request = RunRequest { limits: Some(limits.clone()), ..RunRequest::python(code) };
+        pool.run(pool.policy(), &[], &request).expect("a pooled run")
+    };
+    // 320 MiB of ones: under the pool's 512 MiB with the preload, over 200.
+    let allocate = "import numpy\nx = numpy.ones(40 << 20)\nprint('survived', x.sum())";
+    let mut lower = pool.policy().limits.clone();
+    lower.memory_bytes = 200 << 20;
+    let record = with(&lower, allocate);
+    assert_eq!(record.usage.start, Some(RunStart::Pooled), "{:?}", record.isolation.details);
+    assert_eq!(record.status, Status::MemoryLimit, "stdout: {} message: {:?}", record.stdout, record.message);
+    assert!(!record.stdout.contains("survived"));
+    assert!(record.message.as_deref().unwrap_or("").contains("200 MiB"), "{:?}", record.message);
+    assert_eq!(record.policy.memory_mb, Some(200));
+    // The pool's own limit lets the same code through: the lower one killed it.
+    let record = with(&pool.policy().limits, allocate);
+    assert_eq!(pooled_ok(&record), "survived 41943040.0");
+
+    // Threads until the process limit stops them.
+    let threads = r#"
+import threading
+done = threading.Event()
+started = 0
+try:
+    for _ in range(40):
+        threading.Thread(target=done.wait, daemon=True).start()
+        started += 1
+except RuntimeError:
+    pass
+done.set()
+print(started)
+"#;
+    let mut fewer = pool.policy().limits.clone();
+    fewer.pids = 8;
+    let record = with(&fewer, threads);
+    let started: u32 = pooled_ok(&record).parse().unwrap();
+    assert!(started < 8, "{started} threads under a limit of 8 processes");
+    assert!(record.limits_hit.contains(&airlock::Limit::Pids), "{:?}", record.limits_hit);
+    let record = with(&pool.policy().limits, threads);
+    assert_eq!(pooled_ok(&record), "40");
+
+    // Lower than what the ready sandbox already holds: cold, saying why.
+    let mut under_the_preload = pool.policy().limits.clone();
+    under_the_preload.memory_bytes = 32 << 20;
+    let record = with(&under_the_preload, "print(1)");
+    assert_eq!(record.usage.start, Some(RunStart::Cold));
+    let why = &record.isolation.details["pool"];
+    assert!(why.contains("memory in use") && why.contains("not under the 32 MiB"), "{why}");
+    assert_eq!(pool.stats().unsuited, 1, "{:?}", pool.stats());
+
+    // What the ready sandboxes hold is measured.
+    assert!(pool.wait_ready(1, Duration::from_secs(120)));
+    let held = pool.stats().memory_bytes.expect("the ready sandbox's cgroup memory");
+    assert!(held > 32 << 20, "{held} bytes for an interpreter with pandas imported");
+}
+
+#[test]
+fn a_pool_stays_within_its_memory_budget() {
+    let _alone = exclusive();
+    let one = pool(Policy::default(), 1, &["numpy", "pandas"]);
+    let each = one.stats().memory_bytes.expect("a ready sandbox's memory");
+    drop(one);
+    // Room for two and a half: the third would take it past the budget.
+    let options = PoolOptions {
+        size: 4,
+        preload: ["numpy", "pandas"].map(String::from).to_vec(),
+        idle_expiry: Duration::from_secs(600),
+        memory_budget: Some(each * 5 / 2),
+    };
+    let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
+    assert!(pool.wait_ready(2, Duration::from_secs(120)), "{:?}", pool.stats());
+    assert!(!pool.wait_ready(3, Duration::from_secs(15)), "past its budget: {:?}", pool.stats());
+    let stats = pool.stats();
+    assert_eq!((stats.ready, stats.refills), (2, 2), "{stats:?}");
+    assert!(stats.memory_bytes.is_some_and(|held| held <= each * 5 / 2), "{stats:?}");
+    // A run takes one; the pool makes one more, and stops again.
+    assert_eq!(pooled_ok(&run(&pool, "print(1)")), "1");
+    assert!(pool.wait_ready(2, Duration::from_secs(120)), "{:?}", pool.stats());
+    assert!(!pool.wait_ready(3, Duration::from_secs(5)), "past its budget: {:?}", pool.stats());
 }

@@ -1348,12 +1348,19 @@ fn a_pooled_server_answers_warm_shrinks_and_refills_under_load_and_leaves_nothin
         assert_eq!(record["stdout"], "6\n");
         assert_eq!(record["usage"]["start"], "pooled", "{}", record["isolation"]);
     }
-    // A run that asks for another memory limit cannot take a ready sandbox.
+    // A lower memory limit is applied to a ready sandbox at its claim;
+    // another CPU bandwidth is not, and runs cold.
+    wait_pool_ready(&server, 1);
     let (_, record) = json_of(server.post_run(ALICE, &json!({"code": "print(1)", "policy": {"memory_mb": 256}})));
+    assert_eq!(record["usage"]["start"], "pooled", "{}", record["isolation"]);
+    assert_eq!(record["policy"]["memory_mb"], 256);
+    let (_, record) = json_of(server.post_run(ALICE, &json!({"code": "print(1)", "policy": {"cpus": 0.5}})));
     assert_eq!(record["usage"]["start"], "cold");
     assert!(record["isolation"]["details"]["pool"].as_str().unwrap().contains("limits"), "{record}");
 
-    // A burst past the pool: every run answers, warm or cold, none lost.
+    // A burst past the pool: every run answers, warm or cold, none lost; the
+    // pool runs empty (runs served "empty"), then refills.
+    wait_pool_ready(&server, 2);
     let records: Vec<Value> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..6).map(|_| scope.spawn(|| json_of(server.post_run(ALICE, &job)).1)).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -1363,10 +1370,80 @@ fn a_pooled_server_answers_warm_shrinks_and_refills_under_load_and_leaves_nothin
     }
     let warm = records.iter().filter(|r| r["usage"]["start"] == "pooled").count();
     assert!(warm >= 1, "no run of the burst was warm");
-    // The pool refills after the burst.
+    let metric = |text: &str, name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let metrics = server.get(ALICE, "/metrics").text().unwrap();
+    assert!(metric(&metrics, "airlock_pool_runs_total{served=\"empty\"} ") >= 1.0, "the pool never ran out: {metrics}");
     wait_pool_ready(&server, 2);
     let metrics = server.get(ALICE, "/metrics").text().unwrap();
-    assert!(metrics.contains(&format!("airlock_pool_runs_total{{served=\"warm\"}} {}", 3 + warm)), "{metrics}");
+    assert!(metrics.contains(&format!("airlock_pool_runs_total{{served=\"warm\"}} {}", 4 + warm)), "{metrics}");
+    assert_eq!(metric(&metrics, "airlock_pool_size "), 2.0);
+    // Two interpreters with pandas imported: tens of MiB each, in their cgroups.
+    let held = metric(&metrics, "airlock_pool_memory_bytes ");
+    assert!(held > (2u64 * (32 << 20)) as f64, "{held} bytes held by two ready sandboxes: {metrics}");
+    let refills = metric(&metrics, "airlock_pool_refills_total{result=\"ok\"} ");
+    assert!(refills >= (2 + 4 + warm) as f64, "{metrics}");
+    assert!(metric(&metrics, "airlock_pool_refill_seconds_total ") > 0.0, "{metrics}");
+    assert!(metric(&metrics, "airlock_pool_last_refill_seconds ") > 0.0, "{metrics}");
+
+    // Every process the server started (helpers, inits, interpreters, the
+    // ready ones among them) ends with it, with its cgroups and mounts.
+    let started = descendants(server.pid);
+    assert!(started.len() >= 2 * 3, "two ready sandboxes and their processes: {started:?}");
     assert!(server.stop().success());
     assert_nothing_left(server.pid, "");
+    let alive: Vec<_> = started.iter().filter(|p| still_running(p)).collect();
+    assert!(alive.is_empty(), "outlived the server: {alive:?}");
+}
+
+/// A process as /proc shows it: pid, start time (clock ticks since boot), command line.
+#[derive(Debug, PartialEq)]
+struct Proc {
+    pid: u32,
+    start: u64,
+    cmdline: String,
+}
+
+/// (parent, start time) of `pid`, from /proc/PID/stat.
+fn stat_of(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: the fields follow the last ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+/// Every process below `root` now.
+fn descendants(root: u32) -> Vec<Proc> {
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter_map(|pid| stat_of(pid).map(|(parent, start)| (pid, parent, start)))
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(all.iter().filter(|(_, p, _)| *p == parent).map(|(pid, _, _)| *pid));
+        i += 1;
+    }
+    all.iter()
+        .filter(|(pid, _, _)| *pid != root && found.contains(pid))
+        .map(|(pid, _, start)| Proc {
+            pid: *pid,
+            start: *start,
+            cmdline: String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+                .replace('\0', " "),
+        })
+        .collect()
+}
+
+/// Whether the same process (pid and start time) still runs; a zombie does not.
+fn still_running(process: &Proc) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", process.pid)).unwrap_or_default();
+    let zombie = state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+    !zombie && stat_of(process.pid).is_some_and(|(_, start)| start == process.start)
 }

@@ -103,6 +103,12 @@ pub trait WarmInstance: Send {
     /// Whether it still waits (its processes alive).
     fn is_ready(&self) -> bool;
 
+    /// The memory its processes hold now (its cgroup's usage), where the
+    /// backend can tell.
+    fn memory_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Hands it to one run: copies the files in, releases the code with the
     /// claim's limits, and returns once the run is over, with the sandbox
     /// (for reading its outputs; then drop it: it is never run again).
@@ -119,6 +125,12 @@ pub struct Claim {
     /// its limits are in force since it started).
     pub wall_time: std::time::Duration,
     pub cpu_time: std::time::Duration,
+    /// A lower memory limit (bytes) and process limit than the warm
+    /// sandbox's, for this run: applied to its cgroup from outside before
+    /// the code is released, or the claim is [`Claimed::Unsuited`]. `None`:
+    /// the sandbox's own.
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
     pub kill: KillSwitch,
     /// When the run was asked for.
     pub requested_at: std::time::Instant,
@@ -133,6 +145,10 @@ pub enum Claimed {
     /// The warm sandbox was no longer ready (its interpreter died waiting);
     /// nothing ran: run cold.
     Stale(String),
+    /// The claim's limits could not be applied to it (its processes already
+    /// use more than the lower limit asked for); the warm sandbox was
+    /// destroyed, nothing ran: run cold.
+    Unsuited(String),
 }
 
 impl std::fmt::Debug for Claimed {
@@ -143,6 +159,7 @@ impl std::fmt::Debug for Claimed {
             }
             Claimed::Refused(error) => f.debug_tuple("Refused").field(error).finish(),
             Claimed::Stale(why) => f.debug_tuple("Stale").field(why).finish(),
+            Claimed::Unsuited(why) => f.debug_tuple("Unsuited").field(why).finish(),
         }
     }
 }

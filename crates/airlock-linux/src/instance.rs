@@ -349,7 +349,11 @@ impl LinuxInstance {
             }
             outcome.record
         });
-        let verdict = outcome::classify(&seen, &self.policy.limits);
+        // The limits in force for the code: a warm run's claim may have lowered two.
+        let mut limits = self.policy.limits.clone();
+        limits.memory_bytes = observed.lowered.memory_bytes.unwrap_or(limits.memory_bytes);
+        limits.pids = observed.lowered.pids.unwrap_or(limits.pids);
+        let verdict = outcome::classify(&seen, &limits);
 
         let mut layers = observed.layers;
         if cgroup_version.is_some() {

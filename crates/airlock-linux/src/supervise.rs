@@ -105,6 +105,16 @@ pub struct Observed {
     /// From the run's request (a cold run: the helper's start) to the code's
     /// first instruction, as the driver announced it.
     pub first_instruction: Option<Duration>,
+    /// A warm run's memory (bytes) and process limits, where its claim
+    /// lowered them: the limits in force for the code.
+    pub lowered: Lowered,
+}
+
+/// The limits a claim lowered, `None` where it kept the sandbox's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lowered {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
 }
 
 /// What a claim gives a warm run (its driver blocked on the code FIFO,
@@ -121,11 +131,42 @@ pub struct Release {
     pub requested_at: Instant,
 }
 
-/// Called once, when a warm run's driver says its preload is imported; the
-/// argument tells whether the run still stands (the code's process and the
-/// helper alive). Returns the release of the run that claimed it, or `None`
-/// to end the run unclaimed.
-pub type Gate<'a> = dyn FnMut(&dyn Fn() -> bool) -> Option<Release> + 'a;
+/// Called once, when a warm run's driver says its preload is imported,
+/// with the run as it waits ([`Waiting`]). Returns the release of the run
+/// that claimed it, or `None` to end the run unclaimed.
+pub type Gate<'a> = dyn FnMut(&Waiting<'_>) -> Option<Release> + 'a;
+
+/// A warm run waiting in its gate, as the claim sees it.
+pub struct Waiting<'a> {
+    alive: &'a dyn Fn() -> bool,
+    cgroup: Option<&'a dyn RunCgroup>,
+    lowered: std::cell::Cell<Lowered>,
+}
+
+impl Waiting<'_> {
+    /// Whether the run still stands (the code's process and the helper alive).
+    pub fn alive(&self) -> bool {
+        (self.alive)()
+    }
+
+    /// The file where the kernel keeps the memory the run holds.
+    pub fn memory_usage_file(&self) -> Option<std::path::PathBuf> {
+        self.cgroup.map(|c| c.memory_usage_file())
+    }
+
+    /// Lowers the run's memory limit (bytes) and process limit (the code's,
+    /// as the policy counts them) in its cgroup, from outside, before its
+    /// code is released; refused where it already uses that much.
+    pub fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String> {
+        if memory_bytes.is_none() && pids.is_none() {
+            return Ok(());
+        }
+        let cgroup = self.cgroup.ok_or("it has no cgroup whose limits could be lowered")?;
+        cgroup.lower_limits(memory_bytes, pids.map(|p| p + crate::cgroup::AIRLOCK_PROCESSES))?;
+        self.lowered.set(Lowered { memory_bytes, pids });
+        Ok(())
+    }
+}
 
 /// The descriptors handed to the run that stay with the sandbox.
 pub struct SandboxFds<'a> {
@@ -537,7 +578,10 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         let (socket, helper) = (self.socket.as_fd(), self.helper_pidfd.as_fd());
         let ended = self.ended_at.is_some() || self.observed.killed.is_some() || !self.observed.failures.is_empty();
         let alive = || !ended && !readable(socket) && !readable(helper);
-        let Some(release) = gate(&alive) else {
+        let waiting = Waiting { alive: &alive, cgroup: self.cgroup, lowered: Default::default() };
+        let released = gate(&waiting);
+        self.observed.lowered = waiting.lowered.get();
+        let Some(release) = released else {
             self.kill(KillReason::Requested);
             return;
         };

@@ -9,8 +9,12 @@
 //! waits in the run's gate (`supervise::Gate`) for the claim. Only the
 //! claim's clocks count: the wall clock and the CPU time start at the
 //! release (the cgroup's usage then is subtracted); memory the preload
-//! holds stays in the run's cgroup, under its memory limit.
+//! holds stays in the run's cgroup, under its memory limit. A claim may
+//! lower the memory and process limits: the supervisor writes them into
+//! the cgroup before the code's first byte, where the sandbox holds less
+//! than them then; otherwise the claim is `Unsuited` and the run goes cold.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -22,7 +26,7 @@ use airlock_core::{Execution, Job, KillSwitch, SandboxError, driver};
 use airlock_policy::Language;
 
 use crate::instance::{LinuxInstance, Warm};
-use crate::supervise::Release;
+use crate::supervise::{Release, Waiting};
 
 /// A [`LinuxInstance`] started warm.
 pub struct WarmSandbox {
@@ -31,6 +35,8 @@ pub struct WarmSandbox {
     thread: Option<JoinHandle<()>>,
     /// Set once the run has ended.
     ended: Arc<AtomicBool>,
+    /// Where the kernel keeps the memory it holds (its cgroup's usage).
+    memory_usage: Option<PathBuf>,
 }
 
 struct Request {
@@ -65,9 +71,12 @@ impl WarmSandbox {
             })
             .map_err(|e| SandboxError::io("starting a warm sandbox's thread", e))?;
         let ready = ready_rx.recv();
-        let mut warm = WarmSandbox { claims: Some(claims), thread: Some(thread), ended };
+        let mut warm = WarmSandbox { claims: Some(claims), thread: Some(thread), ended, memory_usage: None };
         match ready {
-            Ok(Ok(())) => Ok(warm),
+            Ok(Ok(memory_usage)) => {
+                warm.memory_usage = memory_usage;
+                Ok(warm)
+            }
             Ok(Err(error)) => Err(error),
             Err(_) => {
                 warm.end();
@@ -98,6 +107,11 @@ impl WarmInstance for WarmSandbox {
         !self.ended.load(Ordering::SeqCst)
     }
 
+    fn memory_bytes(&self) -> Option<u64> {
+        let file = self.memory_usage.as_ref().filter(|_| self.is_ready())?;
+        std::fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
     fn claim(mut self: Box<Self>, claim: Claim) -> Claimed {
         let gone = || Claimed::Stale("the warm sandbox had ended".to_owned());
         let Some(claims) = &self.claims else { return gone() };
@@ -116,7 +130,7 @@ impl WarmInstance for WarmSandbox {
 fn hold(
     instance: LinuxInstance,
     preload: &[String],
-    ready_tx: &mpsc::Sender<Result<(), SandboxError>>,
+    ready_tx: &mpsc::Sender<Result<Option<PathBuf>, SandboxError>>,
     claims: &mpsc::Receiver<Request>,
 ) {
     let job = Job { language: Language::Python, ..Job::default() };
@@ -124,15 +138,21 @@ fn hold(
     let mut was_ready = false;
     let mut claimed: Option<(mpsc::Sender<Claimed>, std::time::Duration)> = None;
     let outcome = {
-        let mut gate = |alive: &dyn Fn() -> bool| -> Option<Release> {
+        let mut gate = |waiting: &Waiting<'_>| -> Option<Release> {
             was_ready = true;
             let ready_at = Instant::now();
-            ready_tx.send(Ok(())).ok()?;
+            ready_tx.send(Ok(waiting.memory_usage_file())).ok()?;
             // The pool dropped the sandbox: end the run unclaimed.
             let Request { claim, reply } = claims.recv().ok()?;
             let waited = ready_at.elapsed();
-            if !alive() {
+            if !waiting.alive() {
                 let _ = reply.send(Claimed::Stale("its interpreter ended while it waited".to_owned()));
+                return None;
+            }
+            // Before the first byte of the code: what it holds then is the
+            // preload's, and nothing of the run's can grow meanwhile.
+            if let Err(why) = waiting.lower_limits(claim.memory_bytes, claim.pids) {
+                let _ = reply.send(Claimed::Unsuited(format!("its lower limits could not be applied: {why}")));
                 return None;
             }
             let mut written = 0;

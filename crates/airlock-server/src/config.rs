@@ -41,12 +41,15 @@
 //! size = 2                      # [default: 2 with [pool], none without; `airlock mcp`: 1]; 0 turns it off
 //! preload = ["numpy", "pandas", "matplotlib"]  # modules imported ahead [default: these]
 //! idle_expiry_s = 600           # a ready sandbox older than this is made anew [default: 600]
+//! memory_budget_mb = 1024       # the most the ready sandboxes hold together; no refill past it
+//!                               # [default: none]. Refills run one at a time: at most one
+//!                               # sandbox's CPU limit is spent on them
 //! ```
 //!
 //! A pooled run answers without paying for its interpreter and imports;
 //! only a run with the defaults' policy (its own files, code, input, and a
-//! lower timeout) can take a ready sandbox, any other runs cold (see
-//! `airlock::pool`).
+//! lower timeout, CPU time, memory or process limit) can take a ready
+//! sandbox, any other runs cold (see `airlock::pool`).
 //!
 //! A field left out of `[ceiling]` keeps the library's default as its
 //! ceiling, and one left out of `[defaults]` keeps the library's default; the
@@ -110,11 +113,14 @@ pub struct PoolConfig {
     pub size: Option<usize>,
     pub preload: Option<Vec<String>>,
     pub idle_expiry_s: Option<f64>,
+    pub memory_budget_mb: Option<u64>,
 }
 
 /// The most sandboxes a pool keeps ready: each holds an interpreter with
 /// its preload (about 100 MB with pandas).
 pub const MAX_POOL_SIZE: usize = 64;
+/// The largest memory budget a pool takes, MiB (1 TiB).
+const MAX_BUDGET_MB: u64 = 1 << 20;
 
 /// A bearer token, kept as the SHA-256 of the token: the file never holds
 /// the token itself.
@@ -341,16 +347,6 @@ fn check_pool(pool: &PoolConfig) -> Result<PoolOptions, ConfigError> {
             &format!("{size} ready sandboxes is more than {MAX_POOL_SIZE}; each holds an interpreter and its imports"),
         ));
     }
-    let preload = pool.preload.clone().unwrap_or(defaults.preload);
-    if let Some(bad) = preload.iter().find(|m| {
-        m.is_empty()
-            || !m.split('.').all(|part| !part.is_empty() && part.chars().all(|c| c.is_alphanumeric() || c == '_'))
-    }) {
-        return Err(invalid(
-            "pool.preload",
-            &format!("{bad:?} is not a module name (like \"pandas\" or \"matplotlib.pyplot\")"),
-        ));
-    }
     let idle_expiry = match pool.idle_expiry_s {
         None => defaults.idle_expiry,
         Some(s) if s.is_finite() && (1.0..=86_400.0).contains(&s) => Duration::from_secs_f64(s),
@@ -358,7 +354,25 @@ fn check_pool(pool: &PoolConfig) -> Result<PoolOptions, ConfigError> {
             return Err(invalid("pool.idle_expiry_s", &format!("{s} is not a number of seconds from 1 to 86400")));
         }
     };
-    Ok(PoolOptions { size, preload, idle_expiry })
+    let memory_budget = match pool.memory_budget_mb {
+        None => None,
+        Some(mb @ 1..=MAX_BUDGET_MB) => Some(mb << 20),
+        Some(mb) => {
+            return Err(invalid(
+                "pool.memory_budget_mb",
+                &format!("{mb} is not a number of MiB from 1 to {MAX_BUDGET_MB}"),
+            ));
+        }
+    };
+    let preload = pool.preload.clone().unwrap_or(defaults.preload);
+    let options = PoolOptions { size, preload, idle_expiry, memory_budget };
+    if let Some(bad) = options.bad_preload() {
+        return Err(invalid(
+            "pool.preload",
+            &format!("{bad:?} is not a module name (like \"pandas\" or \"matplotlib.pyplot\")"),
+        ));
+    }
+    Ok(options)
 }
 
 /// The lower-case hex SHA-256 of a token, as the config keeps it.
@@ -493,16 +507,20 @@ mod tests {
         assert!(settings("[pool]\nsize = 0").unwrap().pool.is_none());
         let pool = settings("[pool]").unwrap().pool.unwrap();
         assert_eq!(pool, PoolOptions::default());
-        let pool = settings("[pool]\nsize = 4\npreload = [\"numpy\", \"matplotlib.pyplot\"]\nidle_expiry_s = 30")
+        let pool = settings(
+            "[pool]\nsize = 4\npreload = [\"numpy\", \"matplotlib.pyplot\"]\nidle_expiry_s = 30\nmemory_budget_mb = 300",
+        )
             .unwrap()
             .pool
             .unwrap();
         assert_eq!((pool.size, pool.preload.len(), pool.idle_expiry), (4, 2, Duration::from_secs(30)));
+        assert_eq!(pool.memory_budget, Some(300 << 20));
         for (bad, setting) in [
             ("size = 1000", "pool.size"),
             ("preload = [\"os; import x\"]", "pool.preload"),
             ("preload = [\"\"]", "pool.preload"),
             ("idle_expiry_s = 0", "pool.idle_expiry_s"),
+            ("memory_budget_mb = 0", "pool.memory_budget_mb"),
         ] {
             let error = settings(&format!("[pool]\n{bad}")).unwrap_err().to_string();
             assert!(error.contains(setting), "{bad}: {error}");

@@ -196,12 +196,16 @@ impl Engine {
             pool: self.pool.as_ref().map(|pool| {
                 let stats = pool.stats();
                 crate::metrics::PoolGauges {
+                    size: stats.size as u64,
                     ready: stats.ready as u64,
+                    memory_bytes: stats.memory_bytes,
                     hits: stats.hits,
                     misses: stats.misses,
                     unsuited: stats.unsuited,
                     refills: stats.refills,
                     refill_failures: stats.refill_failures,
+                    refill_ms_total: stats.refill_ms_total,
+                    last_refill_ms: stats.last_refill_ms,
                 }
             }),
         }

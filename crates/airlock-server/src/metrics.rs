@@ -40,15 +40,21 @@ pub struct Gauges {
     pub pool: Option<PoolGauges>,
 }
 
-/// What the pool has done (counters) and holds (`ready`).
+/// What the pool has done (counters) and holds (`size`, `ready`, `memory_bytes`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PoolGauges {
+    pub size: u64,
     pub ready: u64,
+    /// The ready sandboxes' memory, their cgroups' usage summed.
+    pub memory_bytes: Option<u64>,
     pub hits: u64,
     pub misses: u64,
     pub unsuited: u64,
     pub refills: u64,
     pub refill_failures: u64,
+    /// Milliseconds the refills that made a sandbox ready took, all and the last.
+    pub refill_ms_total: u64,
+    pub last_refill_ms: Option<u64>,
 }
 
 impl Metrics {
@@ -121,7 +127,16 @@ impl Metrics {
         gauge(&mut out, "airlock_sandboxes_active", "Sandboxes alive now.", gauges.sandboxes_active as u64);
         gauge(&mut out, "airlock_run_slots", "Runs that may go on at once.", gauges.slots as u64);
         if let Some(pool) = gauges.pool {
+            gauge(&mut out, "airlock_pool_size", "Sandboxes the pool keeps ready when full.", pool.size);
             gauge(&mut out, "airlock_pool_ready", "Sandboxes ready in the pool, preload imported.", pool.ready);
+            if let Some(bytes) = pool.memory_bytes {
+                gauge(
+                    &mut out,
+                    "airlock_pool_memory_bytes",
+                    "Memory the ready sandboxes hold (their cgroups').",
+                    bytes,
+                );
+            }
             head(&mut out, "airlock_pool_runs_total", "counter", "Runs by how the pool served them.");
             for (served, count) in [("warm", pool.hits), ("empty", pool.misses), ("unsuited", pool.unsuited)] {
                 let _ = writeln!(out, "airlock_pool_runs_total{{served=\"{served}\"}} {count}");
@@ -129,6 +144,13 @@ impl Metrics {
             head(&mut out, "airlock_pool_refills_total", "counter", "Sandboxes the pool made ready, or failed to.");
             let _ = writeln!(out, "airlock_pool_refills_total{{result=\"ok\"}} {}", pool.refills);
             let _ = writeln!(out, "airlock_pool_refills_total{{result=\"failed\"}} {}", pool.refill_failures);
+            head(&mut out, "airlock_pool_refill_seconds_total", "counter", "Time spent making sandboxes ready.");
+            let _ = writeln!(out, "airlock_pool_refill_seconds_total {}", pool.refill_ms_total as f64 / 1000.0);
+            if let Some(ms) = pool.last_refill_ms {
+                let help = "Time the last sandbox made ready took, from its creation to its preload imported.";
+                head(&mut out, "airlock_pool_last_refill_seconds", "gauge", help);
+                let _ = writeln!(out, "airlock_pool_last_refill_seconds {}", ms as f64 / 1000.0);
+            }
         }
         if let Some(rss) = resident_memory_bytes() {
             gauge(&mut out, "process_resident_memory_bytes", "Resident memory of the server.", rss);
@@ -163,7 +185,18 @@ mod tests {
         metrics.record_run(Status::Ok, 40);
         metrics.record_run(Status::Timeout, 3_000);
         metrics.record_rejection(Rejection::Busy);
-        let pool = PoolGauges { ready: 2, hits: 5, misses: 1, unsuited: 0, refills: 7, refill_failures: 0 };
+        let pool = PoolGauges {
+            size: 2,
+            ready: 2,
+            memory_bytes: Some(200 << 20),
+            hits: 5,
+            misses: 1,
+            unsuited: 0,
+            refills: 7,
+            refill_failures: 0,
+            refill_ms_total: 10_500,
+            last_refill_ms: Some(1500),
+        };
         let text = metrics.render(Gauges {
             queue_depth: 3,
             sandboxes_active: 2,
@@ -186,5 +219,9 @@ mod tests {
         assert!(text.contains("airlock_pool_ready 2\n"));
         assert!(text.contains("airlock_pool_runs_total{served=\"warm\"} 5\n"));
         assert!(text.contains("airlock_pool_refills_total{result=\"ok\"} 7\n"));
+        assert!(text.contains("airlock_pool_size 2\n"));
+        assert!(text.contains("airlock_pool_memory_bytes 209715200\n"));
+        assert!(text.contains("airlock_pool_refill_seconds_total 10.5\n"));
+        assert!(text.contains("airlock_pool_last_refill_seconds 1.5\n"));
     }
 }

@@ -23,11 +23,14 @@
 //! A run never waits for the pool: when it is empty, or when the run cannot
 //! be served warm, it runs cold, and its record says why
 //! (`isolation.details.pool`). What a claim can change: the files, the code,
-//! its standard input, working directory and display name, and a lower wall
-//! or CPU time (both kept by the supervisor, from the release). Everything
-//! else in force since the sandbox started (the environment, memory,
-//! processes, CPUs, disk, output and file caps, the network, the image)
-//! must be the pool's, or the run goes cold.
+//! its standard input, working directory and display name, a lower wall or
+//! CPU time (both kept by the supervisor, from the release), and a lower
+//! memory or process limit (written into the sandbox's cgroup by the
+//! supervisor before the code's first byte, where the sandbox holds less
+//! than the new limit then; otherwise the run goes cold). Everything else
+//! in force since the sandbox started (the environment, CPUs, disk, output
+//! and file caps, the network, the image) must be the pool's, or the run
+//! goes cold.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +55,12 @@ pub struct PoolOptions {
     pub preload: Vec<String>,
     /// A sandbox ready for longer than this is destroyed and made anew.
     pub idle_expiry: Duration,
+    /// The most memory (bytes) the ready sandboxes may hold together: no
+    /// refill starts while one more sandbox (as large as the mean of those
+    /// ready) would take them past it, so the pool stays smaller. `None`:
+    /// no budget. (Its CPU is bounded already: one refill at a time, each
+    /// under its sandbox's own CPU limit.)
+    pub memory_budget: Option<u64>,
 }
 
 impl PoolOptions {
@@ -60,28 +69,48 @@ impl PoolOptions {
     pub fn default_preload() -> Vec<String> {
         ["numpy", "pandas", "matplotlib"].map(String::from).to_vec()
     }
+
+    /// The first name in the preload that is not a module's (`pandas`,
+    /// `matplotlib.pyplot`: dotted identifiers), for an error naming it.
+    pub fn bad_preload(&self) -> Option<&str> {
+        let part_ok = |part: &str| !part.is_empty() && part.chars().all(|c| c.is_alphanumeric() || c == '_');
+        self.preload.iter().map(String::as_str).find(|m| m.is_empty() || !m.split('.').all(part_ok))
+    }
 }
 
 impl Default for PoolOptions {
     fn default() -> Self {
-        PoolOptions { size: 2, preload: PoolOptions::default_preload(), idle_expiry: Duration::from_secs(600) }
+        PoolOptions {
+            size: 2,
+            preload: PoolOptions::default_preload(),
+            idle_expiry: Duration::from_secs(600),
+            memory_budget: None,
+        }
     }
 }
 
 /// What a pool has done, for metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
+    /// Sandboxes it keeps ready when full ([`PoolOptions::size`]).
+    pub size: usize,
     /// Sandboxes ready now.
     pub ready: usize,
+    /// The memory the ready sandboxes hold now, their cgroups' usage
+    /// summed (interpreters, preloaded modules, their tmpfs files); `None`
+    /// where the backend cannot tell.
+    pub memory_bytes: Option<u64>,
     /// Runs served warm.
     pub hits: u64,
     /// Runs that found no ready sandbox and ran cold.
     pub misses: u64,
     /// Runs whose policy could not be applied to a ready sandbox (cold).
     pub unsuited: u64,
-    /// Sandboxes made ready, and the milliseconds the last one took.
+    /// Sandboxes made ready, the milliseconds the last one took, and the
+    /// milliseconds all of them took.
     pub refills: u64,
     pub last_refill_ms: Option<u64>,
+    pub refill_ms_total: u64,
     /// Sandboxes that failed to become ready, and why the last one did.
     pub refill_failures: u64,
     pub last_refill_error: Option<String>,
@@ -115,6 +144,7 @@ struct State {
     closed: bool,
     refills: u64,
     last_refill_ms: Option<u64>,
+    refill_ms_total: u64,
     refill_failures: u64,
     last_refill_error: Option<String>,
     expired: u64,
@@ -183,13 +213,17 @@ impl Pool {
 
     pub fn stats(&self) -> PoolStats {
         let state = self.shared.lock();
+        let held: Vec<Option<u64>> = state.ready.iter().map(|entry| entry.warm.memory_bytes()).collect();
         PoolStats {
+            size: self.shared.options.size,
             ready: state.ready.len(),
+            memory_bytes: held.iter().copied().sum(),
             hits: self.shared.hits.load(Ordering::Relaxed),
             misses: self.shared.misses.load(Ordering::Relaxed),
             unsuited: self.shared.unsuited.load(Ordering::Relaxed),
             refills: state.refills,
             last_refill_ms: state.last_refill_ms,
+            refill_ms_total: state.refill_ms_total,
             refill_failures: state.refill_failures,
             last_refill_error: state.last_refill_error.clone(),
             expired: state.expired,
@@ -224,7 +258,7 @@ impl Pool {
                 shared.unsuited.fetch_add(1, Ordering::Relaxed);
                 Err(reason)
             }
-            Ok(()) => shared.take().map(|entry| entry.warm).ok_or_else(|| {
+            Ok(_) => shared.take().map(|entry| entry.warm).ok_or_else(|| {
                 shared.misses.fetch_add(1, Ordering::Relaxed);
                 shared.empty_reason()
             }),
@@ -367,12 +401,14 @@ impl Instance for PooledInstance {
                     drop(warm);
                     self.go_cold(reason)?.run(job, kill)
                 }
-                Ok(()) => {
+                Ok(lowered) => {
                     let claim = Claim {
                         job: job.clone(),
                         files: std::mem::take(&mut self.files),
                         wall_time: self.policy.limits.wall_time,
                         cpu_time: self.policy.limits.cpu_time,
+                        memory_bytes: lowered.memory_bytes,
+                        pids: lowered.pids,
                         kill: kill.clone(),
                         requested_at,
                     };
@@ -384,6 +420,12 @@ impl Instance for PooledInstance {
                             *execution
                         }
                         Claimed::Refused(error) => return Err(error),
+                        Claimed::Unsuited(reason) => {
+                            self.shared.unsuited.fetch_add(1, Ordering::Relaxed);
+                            why = Some(reason.clone());
+                            self.files = files;
+                            self.go_cold(reason)?.run(job, kill)
+                        }
                         Claimed::Stale(stale) => {
                             self.shared.misses.fetch_add(1, Ordering::Relaxed);
                             let reason = format!("the ready sandbox taken was stale ({stale})");
@@ -430,8 +472,9 @@ impl Shared {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether a sandbox with `policy` can be a ready one; if not, why.
-    fn suits(&self, policy: &Policy) -> Result<(), String> {
+    /// Whether a sandbox with `policy` can be a ready one, and the limits
+    /// its claim lowers; if not, why.
+    fn suits(&self, policy: &Policy) -> Result<Lowered, String> {
         let pool = &self.policy;
         let differs = [
             ("env", policy.env != pool.env),
@@ -447,8 +490,8 @@ impl Shared {
     }
 
     /// Whether a ready sandbox can run `job` with `policy` (its limits may
-    /// have been set for the run).
-    fn suits_run(&self, policy: &Policy, job: &Job) -> Result<(), String> {
+    /// have been set for the run), and the limits its claim lowers.
+    fn suits_run(&self, policy: &Policy, job: &Job) -> Result<Lowered, String> {
         if job.language != Language::Python {
             return Err("a pool's sandboxes wait with a Python interpreter; shell code runs cold".to_owned());
         }
@@ -473,6 +516,16 @@ impl Shared {
         self.wake.notify_all();
         drop(stale);
         taken
+    }
+
+    /// Whether one more ready sandbox would take the pool past its memory
+    /// budget, judged by the ones ready now (none ready: never).
+    fn over_budget(&self, state: &State) -> bool {
+        let Some(budget) = self.options.memory_budget else { return false };
+        let held: Vec<u64> = state.ready.iter().filter_map(|entry| entry.warm.memory_bytes()).collect();
+        let Some(count) = std::num::NonZeroU64::new(held.len() as u64) else { return false };
+        let total: u64 = held.iter().sum();
+        total + total / count > budget
     }
 
     fn empty_reason(&self) -> String {
@@ -514,7 +567,7 @@ impl Shared {
                         state = self.lock();
                         continue;
                     }
-                    if state.ready.len() < self.options.size {
+                    if state.ready.len() < self.options.size && !self.over_budget(&state) {
                         break;
                     }
                     let check = expiry.min(Duration::from_secs(5));
@@ -529,8 +582,10 @@ impl Shared {
             let mut state = self.lock();
             match made {
                 Ok(warm) => {
+                    let took = began.elapsed().as_millis() as u64;
                     state.refills += 1;
-                    state.last_refill_ms = Some(began.elapsed().as_millis() as u64);
+                    state.last_refill_ms = Some(took);
+                    state.refill_ms_total += took;
                     if state.closed {
                         return;
                     }
@@ -548,17 +603,40 @@ impl Shared {
     }
 }
 
+/// The limits a claim lowers in a ready sandbox, `None` where it keeps
+/// the pool's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Lowered {
+    memory_bytes: Option<u64>,
+    pids: Option<u32>,
+}
+
 /// Whether a run's limits can be applied to a sandbox started with the
-/// pool's: only the wall and CPU time, kept by the supervisor from the
-/// release, may be lower; the rest is in force since the start.
-fn limits_suit(run: &Limits, pool: &Limits) -> Result<(), String> {
+/// pool's, and which its claim lowers: the wall and CPU time (kept by the
+/// supervisor from the release), the memory and the processes (written
+/// into the sandbox's cgroup at the claim) may be lower; the rest is in
+/// force since the start.
+fn limits_suit(run: &Limits, pool: &Limits) -> Result<Lowered, String> {
     if run.wall_time > pool.wall_time || run.cpu_time > pool.cpu_time {
         return Err("its wall or CPU time is above the pool's".to_owned());
     }
-    let same = Limits { wall_time: pool.wall_time, cpu_time: pool.cpu_time, ..run.clone() };
+    if run.memory_bytes > pool.memory_bytes || run.pids > pool.pids {
+        return Err("its memory or process limit is above the pool's (in force from a sandbox's start)".to_owned());
+    }
+    let same = Limits {
+        wall_time: pool.wall_time,
+        cpu_time: pool.cpu_time,
+        memory_bytes: pool.memory_bytes,
+        pids: pool.pids,
+        ..run.clone()
+    };
     if same != *pool {
-        return Err("its limits other than wall and CPU time differ from the pool's (in force from a sandbox's start)"
+        return Err("its limits other than wall and CPU time, memory and processes differ from the pool's (in force \
+                    from a sandbox's start)"
             .to_owned());
     }
-    Ok(())
+    Ok(Lowered {
+        memory_bytes: (run.memory_bytes < pool.memory_bytes).then_some(run.memory_bytes),
+        pids: (run.pids < pool.pids).then_some(run.pids),
+    })
 }

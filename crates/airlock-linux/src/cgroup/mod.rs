@@ -73,7 +73,42 @@ pub trait RunCgroup: Send {
     fn remove(&mut self) -> io::Result<()>;
     /// "v1" or "v2", for the record.
     fn version(&self) -> &'static str;
+    /// The file where the kernel keeps the memory the run holds now (its
+    /// processes', and its files in tmpfs).
+    fn memory_usage_file(&self) -> PathBuf;
+    /// Lowers the memory limit (bytes) and the process limit (airlock's own
+    /// included) to these, for a warm sandbox's claim. Refused, nothing
+    /// changed, where the run already uses as much as the lower limit.
+    fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String>;
 }
+
+/// Checks a lower limit against the usage in `current`: `Err` says why it
+/// cannot be applied now.
+fn check_lower(what: &str, current: &Path, limit: u64, unit: u64, unit_name: &str) -> Result<(), String> {
+    let used =
+        read_u64(current).ok_or_else(|| format!("its {what} in use could not be read ({})", current.display()))?;
+    if used >= limit {
+        return Err(format!(
+            "its {what} in use ({} {unit_name}) is not under the {} {unit_name} asked for",
+            used / unit,
+            limit / unit
+        ));
+    }
+    Ok(())
+}
+
+/// Lowers a limit to `limit` where `current` is under it, writing `files`
+/// in order.
+fn lower(what: &str, current: &Path, files: &[&Path], limit: u64, unit: (u64, &str)) -> Result<(), String> {
+    check_lower(what, current, limit, unit.0, unit.1)?;
+    for file in files {
+        write(file, limit.to_string()).map_err(|e| format!("lowering its {what} limit: {e}"))?;
+    }
+    Ok(())
+}
+
+const MIB: (u64, &str) = (1 << 20, "MiB");
+const PROCESSES: (u64, &str) = (1, "processes");
 
 /// How a run's processes get into its cgroup, without the global lock a
 /// migration by pid takes (which waits for an RCU grace period: about 10 ms

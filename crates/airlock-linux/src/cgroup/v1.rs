@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    CgroupLimits, CgroupStats, Placement, RunCgroup, kill_listed, kill_procs, list_procs, open_for_helper, read_key,
-    read_u64, remove_dir_retrying, write,
+    CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, kill_procs, list_procs, lower,
+    open_for_helper, read_key, read_u64, remove_dir_retrying, write,
 };
 
 /// The CFS period airlock uses for CPU quotas, in microseconds.
@@ -137,6 +137,35 @@ impl RunCgroup for V1Cgroup {
 
     fn version(&self) -> &'static str {
         "v1"
+    }
+
+    fn memory_usage_file(&self) -> PathBuf {
+        self.memory.join("memory.usage_in_bytes")
+    }
+
+    fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String> {
+        if let Some(limit) = memory_bytes {
+            // As at creation: memory+swap and socket buffers get the same
+            // limit. Memory first: memory+swap may never be under it.
+            let files: Vec<PathBuf> =
+                ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"]
+                    .iter()
+                    .map(|file| self.memory.join(file))
+                    .filter(|path| path.exists())
+                    .collect();
+            let files: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+            lower("memory", &self.memory_usage_file(), &files, limit, MIB)?;
+        }
+        if let Some(limit) = pids {
+            lower(
+                "processes",
+                &self.pids.join("pids.current"),
+                &[&self.pids.join("pids.max")],
+                limit.into(),
+                PROCESSES,
+            )?;
+        }
+        Ok(())
     }
 }
 

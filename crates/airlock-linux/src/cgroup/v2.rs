@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{
-    CONTROLLERS, CgroupLimits, CgroupStats, Placement, RunCgroup, kill_listed, kill_procs, list_procs, open_for_helper,
-    read_key, read_u64, remove_dir_retrying, write,
+    CONTROLLERS, CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, kill_procs, list_procs,
+    lower, open_for_helper, read_key, read_u64, remove_dir_retrying, write,
 };
 
 const CPU_PERIOD_US: u64 = 100_000;
@@ -122,6 +122,20 @@ impl RunCgroup for V2Cgroup {
 
     fn version(&self) -> &'static str {
         "v2"
+    }
+
+    fn memory_usage_file(&self) -> PathBuf {
+        self.dir.join("memory.current")
+    }
+
+    fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String> {
+        if let Some(limit) = memory_bytes {
+            lower("memory", &self.memory_usage_file(), &[&self.dir.join("memory.max")], limit, MIB)?;
+        }
+        if let Some(limit) = pids {
+            lower("processes", &self.dir.join("pids.current"), &[&self.dir.join("pids.max")], limit.into(), PROCESSES)?;
+        }
+        Ok(())
     }
 }
 

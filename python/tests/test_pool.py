@@ -1,0 +1,124 @@
+"""A pool's sandboxes answer warm, each as fresh as a cold one; what a ready
+sandbox cannot take runs cold and says why."""
+
+import pytest
+from conftest import leftover_cgroups, namespace_fds
+
+from airlock import PolicyError, Pool, PoolStats, SandboxError
+
+#: Long enough for a refill on a loaded machine.
+FILL_S = 180
+
+
+@pytest.fixture
+def pool():
+    with Pool(size=1, preload=["numpy", "pandas"]) as pool:
+        assert pool.wait_ready(1, FILL_S), pool.stats()
+        yield pool
+
+
+def test_a_pooled_run_is_warm_and_finds_nothing_an_earlier_one_left(pool):
+    csv = b"x\n1\n2\n3\n"
+    plant = (
+        "import sys, os\n"
+        "open('/work/left.txt', 'w').write('left')\n"
+        "open('/tmp/left.txt', 'w').write('left')\n"
+        "os.environ['AIRLOCK_LEFT'] = '1'\n"
+        "import pandas as pd\n"
+        "print('pandas' in sys.modules)\n"
+        "int(pd.read_csv('data.csv').x.sum())"
+    )
+    first = pool.run(plant, files={"data.csv": csv})
+    assert first.ok, (first.stderr, first.message)
+    assert first.usage.start == "pooled", first.record["isolation"]
+    assert first.stdout == "True\n" and first.value == "6"
+    assert first.usage.pool_wait_ms is not None
+
+    assert pool.wait_ready(1, FILL_S), pool.stats()
+    look = (
+        "import os\n"
+        "paths = ('/work/left.txt', '/tmp/left.txt', '/work/data.csv')\n"
+        "[p for p in paths if os.path.exists(p)], os.environ.get('AIRLOCK_LEFT')"
+    )
+    second = pool.run(look)
+    assert second.usage.start == "pooled", second.record["isolation"]
+    assert second.value == "([], None)", "the second pooled run found what the first left"
+
+    # The probe is real: the same two runs in one sandbox find the file.
+    assert pool.wait_ready(1, FILL_S), pool.stats()
+    with pool.sandbox() as sb:
+        assert sb.run(plant).ok is False  # no data.csv here: the plant fails at the end
+        again = sb.run(look)
+    assert again.usage.start == "cold", "a second run in a pooled sandbox is a cold one"
+    assert "/work/left.txt" in again.value
+
+    stats = pool.stats()
+    assert isinstance(stats, PoolStats)
+    assert (stats.size, stats.hits) == (1, 3), stats
+    assert stats.refills >= 3 and stats.refill_ms_total >= stats.last_refill_ms > 0, stats
+
+
+def test_a_run_that_lowers_its_memory_limit_stays_warm_and_is_held_to_it(pool):
+    big = "import numpy\nx = numpy.ones(40 << 20)\nprint('survived', x.sum())"
+    out = pool.run(big, mem_mb=200)
+    assert out.usage.start == "pooled", out.record["isolation"]
+    assert out.status == "memory_limit" and out.limit == "memory", (out.status, out.message)
+    assert "survived" not in out.stdout
+    assert out.record["policy"]["memory_mb"] == 200, out.record["policy"]
+
+
+def test_settings_a_ready_sandbox_cannot_take_run_cold_and_say_why(pool):
+    with pool.sandbox(env={"A": "b"}) as sb:
+        out = sb.run("import os\nos.environ['A']")
+    assert out.ok and out.value == "'b'"
+    assert out.usage.start == "cold"
+    assert "env" in out.record["isolation"]["details"]["pool"], out.record["isolation"]["details"]
+
+    out = pool.run("1", timeout_s=60)
+    assert out.usage.start == "cold"
+    assert "wall or CPU time is above the pool's" in out.record["isolation"]["details"]["pool"]
+
+    # A run that fits is warm again.
+    assert pool.stats().unsuited == 2, pool.stats()
+    assert pool.wait_ready(1, FILL_S), pool.stats()
+    assert pool.run("1").usage.start == "pooled"
+
+
+def test_a_closed_pool_leaves_nothing_and_refuses_sandboxes():
+    before = namespace_fds()
+    pool = Pool(size=2, preload=["json"])
+    assert pool.wait_ready(2, FILL_S), pool.stats()
+    stats = pool.stats()
+    assert stats.ready == 2 and stats.memory_bytes and stats.memory_bytes > 2 << 20, stats
+    assert len(namespace_fds()) == len(before) + 4, "each ready sandbox holds its user and mount namespaces"
+    pool.close()
+    assert pool.closed
+    assert namespace_fds() == before, "the ready sandboxes outlived the pool"
+    assert leftover_cgroups() == []
+    with pytest.raises(SandboxError, match="this pool is closed"):
+        pool.sandbox()
+    pool.close()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"size": 0}, "size"),
+        ({"size": True}, "size"),
+        ({"preload": "pandas"}, "preload=\\['pandas'\\]"),
+        ({"preload": ["os; import x"]}, "preload"),
+        ({"idle_expiry_s": 0}, "idle_expiry_s"),
+        ({"memory_budget_mb": 0}, "memory_budget_mb"),
+        ({"memory_budget_mb": "1G"}, "memory_budget_mb"),
+        ({"with_packages": ["statsmodels"]}, "with_packages"),
+        ({"mem_mb": 1}, "mem_mb"),
+    ],
+)
+def test_bad_pool_settings_are_refused_naming_them(arguments, named):
+    with pytest.raises(PolicyError, match=named):
+        Pool(**arguments)
+
+
+def test_an_unknown_setting_is_a_type_error():
+    with pytest.raises(TypeError, match="memory_mb"):
+        Pool(memory_mb=256)
