@@ -341,3 +341,24 @@ fn a_pool_stays_within_its_memory_budget() {
     assert!(pool.wait_ready(2, Duration::from_secs(120)), "{:?}", pool.stats());
     assert!(!pool.wait_ready(3, Duration::from_secs(5)), "past its budget: {:?}", pool.stats());
 }
+
+/// A run that asks for extra packages never gets a sandbox without them: a
+/// pool's sandboxes hold its image alone, so the run goes cold the way any
+/// sandbox does, through the image with the packages (found, built or
+/// refused, exactly as without a pool). Before the fix the pool made the
+/// cold sandbox on its own image, and the run went on without its packages.
+#[test]
+fn a_run_with_extra_packages_goes_cold_through_the_image_that_has_them() {
+    let _only = exclusive();
+    let policy = Policy { with_packages: ["airlock-no-such-extra".to_owned()].into(), ..Policy::default() };
+    let refused = Pool::new(policy.clone(), Some(data_image()), PoolOptions::default()).unwrap_err().to_string();
+    assert!(refused.contains("with_packages"), "{refused}");
+
+    let pool = pool(Policy::default(), 1, &[]);
+    let plain =
+        airlock::Sandbox::with_backend(linux(), policy.clone(), data_image()).map(|_| ()).map_err(|e| e.to_string());
+    let pooled = pool.sandbox(&policy).map(|_| ()).map_err(|e| e.to_string());
+    assert!(plain.is_err(), "a package no image has was given to a plain sandbox: {plain:?}");
+    assert_eq!(pooled, plain, "the pooled sandbox did not take the plain sandbox's way to its packages");
+    assert_eq!(pool.stats().ready, 1, "a ready sandbox was spent on a run it cannot serve: {:?}", pool.stats());
+}

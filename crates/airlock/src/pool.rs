@@ -170,6 +170,15 @@ impl Pool {
                 reason: "only the linux backend starts sandboxes warm; run without a pool".to_owned(),
             }));
         }
+        if !policy.with_packages.is_empty() {
+            return Err(Error::Sandbox(SandboxError::Unsupported {
+                backend: "airlock",
+                what: "keep a pool of ready sandboxes with extra packages (with_packages)".to_owned(),
+                reason: "a pool's sandboxes hold its image alone; make the pool without with_packages, and the runs \
+                         that ask for them run cold, on the image that has them"
+                    .to_owned(),
+            }));
+        }
         let backend = backend_for(policy.backend)?;
         let runtime = match runtime {
             Some(runtime) => runtime,
@@ -198,8 +207,11 @@ impl Pool {
             misses: AtomicU64::new(0),
             unsuited: AtomicU64::new(0),
         });
-        let refiller = shared.clone();
-        let refill = std::thread::Builder::new().name("airlock-pool".to_owned()).spawn(move || refiller.refill()).ok();
+        // A policy with extra packages suits no ready sandbox (`suits`):
+        // making them would only hold memory.
+        let refill = shared.policy.with_packages.is_empty().then(|| shared.clone()).and_then(|refiller| {
+            std::thread::Builder::new().name("airlock-pool".to_owned()).spawn(move || refiller.refill()).ok()
+        });
         Pool { shared, refill }
     }
 
@@ -263,13 +275,19 @@ impl Pool {
                 shared.empty_reason()
             }),
         };
-        let (state, cold_why) = match warm {
-            Ok(warm) => (Pooled::Warm(warm), None),
-            Err(why) => (Pooled::Ran(shared.backend.create(policy, &shared.runtime)?), Some(why)),
+        let (state, cold_why, runtime) = match warm {
+            Ok(warm) => (Pooled::Warm(warm), None, shared.runtime.clone()),
+            Err(why) => {
+                // A cold run takes the way any sandbox does to its runtime:
+                // with its extra packages, when it asks for them.
+                let (runtime, _) =
+                    crate::sandbox::runtime_with_extras(policy, shared.runtime.clone(), None, &mut |_| {})?;
+                (Pooled::Ran(shared.backend.create(policy, &runtime)?), Some(why), runtime)
+            }
         };
         let instance =
             PooledInstance { shared: shared.clone(), policy: policy.clone(), state, files: Vec::new(), cold_why };
-        let mut sandbox = Sandbox::from_instance(Box::new(instance), policy.clone(), shared.runtime.clone());
+        let mut sandbox = Sandbox::from_instance(Box::new(instance), policy.clone(), runtime);
         sandbox.set_audit(shared.audit.clone());
         Ok(sandbox)
     }
@@ -475,13 +493,17 @@ impl Shared {
     /// Whether a sandbox with `policy` can be a ready one, and the limits
     /// its claim lowers; if not, why.
     fn suits(&self, policy: &Policy) -> Result<Lowered, String> {
+        if !policy.with_packages.is_empty() {
+            return Err(
+                "it asks for extra packages (with_packages), and a pool's sandboxes hold its image alone".to_owned()
+            );
+        }
         let pool = &self.policy;
         let differs = [
             ("env", policy.env != pool.env),
             ("network", policy.network != pool.network),
             ("backend", policy.backend != pool.backend),
             ("allow_degraded", policy.allow_degraded != pool.allow_degraded),
-            ("with_packages", policy.with_packages != pool.with_packages),
         ];
         if let Some((field, _)) = differs.iter().find(|(_, differs)| *differs) {
             return Err(format!("its {field} differs from the pool's, and is in force from a sandbox's start"));

@@ -198,6 +198,36 @@ impl std::fmt::Debug for Sandbox {
     }
 }
 
+/// `runtime`, or, when `policy` asks for extra packages, the image that
+/// extends it with them, found or built in `store` (airlock's own when
+/// `None`), with what that cost (wall ms, whether it was cached). The
+/// image they extend must still be the one `runtime` was made from.
+pub(crate) fn runtime_with_extras(
+    policy: &Policy,
+    runtime: Runtime,
+    store: Option<ImageStore>,
+    progress: &mut dyn FnMut(BuildEvent),
+) -> Result<(Runtime, Option<(u64, bool)>), Error> {
+    if policy.with_packages.is_empty() {
+        return Ok((runtime, None));
+    }
+    let Some(image) = &runtime.image else { return Err(no_image_for_extras(policy.backend)) };
+    let store = match store {
+        Some(store) => store,
+        None => ImageStore::open_default()?,
+    };
+    let base = store.get(&image.name)?;
+    if base.manifest.hash != image.hash {
+        return Err(Error::ImageCorrupt {
+            name: image.name.clone(),
+            reason: format!("it is now {}, not the {} this runtime was made from", base.manifest.hash, image.hash),
+        });
+    }
+    let packages: Vec<String> = policy.with_packages.iter().cloned().collect();
+    let prepared = store.with_packages(&base, &packages, progress)?;
+    Ok((prepared.image.runtime(), Some((prepared.wall_ms, prepared.cached))))
+}
+
 impl Sandbox {
     /// A sandbox with `policy`, running the default image.
     pub fn new(policy: Policy) -> Result<Sandbox, Error> {
@@ -253,25 +283,8 @@ impl Sandbox {
         store: Option<ImageStore>,
         progress: &mut dyn FnMut(BuildEvent),
     ) -> Result<Sandbox, Error> {
-        if policy.with_packages.is_empty() {
-            return Sandbox::create(backend, policy, runtime, None);
-        }
-        let Some(image) = &runtime.image else { return Err(no_image_for_extras(policy.backend)) };
-        let store = match store {
-            Some(store) => store,
-            None => ImageStore::open_default()?,
-        };
-        let base = store.get(&image.name)?;
-        if base.manifest.hash != image.hash {
-            return Err(Error::ImageCorrupt {
-                name: image.name.clone(),
-                reason: format!("it is now {}, not the {} this runtime was made from", base.manifest.hash, image.hash),
-            });
-        }
-        let packages: Vec<String> = policy.with_packages.iter().cloned().collect();
-        let prepared = store.with_packages(&base, &packages, progress)?;
-        let runtime = prepared.image.runtime();
-        Sandbox::create(backend, policy, runtime, Some((prepared.wall_ms, prepared.cached)))
+        let (runtime, image_cost) = runtime_with_extras(&policy, runtime, store, progress)?;
+        Sandbox::create(backend, policy, runtime, image_cost)
     }
 
     fn create(
