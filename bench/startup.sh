@@ -16,11 +16,21 @@ airlock=$PWD/target/release/airlock
 [ -x "$airlock" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-bench-home}
 "$airlock" image build python-data >&2
-venv=$(ls -d "$AIRLOCK_HOME"/images/*/venv | head -n1)
-python=$venv/bin/python
-base=$(python3 -c "import json,glob; print(json.load(open(glob.glob('$AIRLOCK_HOME/images/*/manifest.json')[0]))['python']['base_prefix'])")
+image=$(cut -d' ' -f1 "$AIRLOCK_HOME/images/names/python-data")
+venv=$AIRLOCK_HOME/images/$image/venv
+read -r executable base version < <(python3 -c "import json; p = json.load(open('$AIRLOCK_HOME/images/$image/manifest.json'))['python']; print(p['executable'], p['base_prefix'], p['version'])")
+short=${version%.*}
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Bare Python: a clean venv of the image's interpreter holding the image's
+# packages, made on the host (the image's own venv names its interpreter
+# where the sandbox shows it, /opt/airlock/python, so it does not run outside).
+bare=$(mktemp -d /var/tmp/airlock-bare-venv.XXXXXX)
+trap 'rm -rf "$work" "$bare"' EXIT
+mkdir -p "$bare/bin" "$bare/lib/python$short"
+ln -s "$executable" "$bare/bin/python"
+ln -s "$venv/lib/python$short/site-packages" "$bare/lib/python$short/site-packages"
+printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$executable")" "$version" > "$bare/pyvenv.cfg"
+python=$bare/bin/python
 cp examples/sales.csv examples/weighted_median.py "$work/"
 # Bare Python reads /work/sales.csv in the sandbox; outside, the same script
 # reads the copy in $work (paths rewritten, nothing else).
@@ -28,7 +38,7 @@ sed "s#/work/#$work/#g" examples/weighted_median.py > "$work/bare_weighted_media
 cd "$work"
 
 echo "== trivial: print(1+1)"
-bwrap_cmd="bwrap --unshare-all --die-with-parent --tmpfs /tmp --ro-bind /usr /usr --ro-bind $base $base --ro-bind $AIRLOCK_HOME $AIRLOCK_HOME --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev $python -c 'print(1+1)'"
+bwrap_cmd="bwrap --unshare-all --die-with-parent --tmpfs /tmp --ro-bind /usr /usr --ro-bind $base $base --ro-bind $AIRLOCK_HOME $AIRLOCK_HOME --ro-bind $bare $bare --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev $python -c 'print(1+1)'"
 extra=()
 names=bare,airlock
 if command -v bwrap >/dev/null; then extra=("$bwrap_cmd"); names=$names,bubblewrap; fi
