@@ -5,10 +5,14 @@
 #   import   a script that imports a large module (pandas)
 #   pandas   the weighted-median job of the README (4,000-row CSV in, JSON out)
 # and bubblewrap (namespaces only) on the trivial job, for context.
-# Goals: trivial <= 1.15x bare, pandas <= 1.03x bare.
+# Goals: trivial <= 1.3x bare (issue 15; 1.15x before), pandas <= 1.03x bare.
 #
 # usage: bench/startup.sh [ROUNDS]     (needs a release build: cargo build --release)
-# Results go to bench/results/startup.json and are summarised on stdout.
+#   BASE=/path/to/older/airlock bench/startup.sh 40   also runs an older build
+#   (its airlock-init beside it) in the same rounds, as `base`;
+#   ONLY=trivial stops after the trivial job.
+# Results go to bench/results/startup-*.json and are summarised on stdout,
+# with the CPU time of each command (every process of it) when perf is here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-40}
@@ -16,11 +20,21 @@ airlock=$PWD/target/release/airlock
 [ -x "$airlock" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-bench-home}
 "$airlock" image build python-data >&2
-venv=$(ls -d "$AIRLOCK_HOME"/images/*/venv | head -n1)
-python=$venv/bin/python
-base=$(python3 -c "import json,glob; print(json.load(open(glob.glob('$AIRLOCK_HOME/images/*/manifest.json')[0]))['python']['base_prefix'])")
+image=$(cut -d' ' -f1 "$AIRLOCK_HOME/images/names/python-data")
+venv=$AIRLOCK_HOME/images/$image/venv
+read -r executable base version < <(python3 -c "import json; p = json.load(open('$AIRLOCK_HOME/images/$image/manifest.json'))['python']; print(p['executable'], p['base_prefix'], p['version'])")
+short=${version%.*}
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Bare Python: a clean venv of the image's interpreter holding the image's
+# packages, made on the host (the image's own venv names its interpreter
+# where the sandbox shows it, /opt/airlock/python, so it does not run outside).
+bare=$(mktemp -d /var/tmp/airlock-bare-venv.XXXXXX)
+trap 'rm -rf "$work" "$bare"' EXIT
+mkdir -p "$bare/bin" "$bare/lib/python$short"
+ln -s "$executable" "$bare/bin/python"
+ln -s "$venv/lib/python$short/site-packages" "$bare/lib/python$short/site-packages"
+printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$executable")" "$version" > "$bare/pyvenv.cfg"
+python=$bare/bin/python
 cp examples/sales.csv examples/weighted_median.py "$work/"
 # Bare Python reads /work/sales.csv in the sandbox; outside, the same script
 # reads the copy in $work (paths rewritten, nothing else).
@@ -28,18 +42,33 @@ sed "s#/work/#$work/#g" examples/weighted_median.py > "$work/bare_weighted_media
 cd "$work"
 
 echo "== trivial: print(1+1)"
-bwrap_cmd="bwrap --unshare-all --die-with-parent --tmpfs /tmp --ro-bind /usr /usr --ro-bind $base $base --ro-bind $AIRLOCK_HOME $AIRLOCK_HOME --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev $python -c 'print(1+1)'"
-extra=()
+bwrap_cmd="bwrap --unshare-all --die-with-parent --tmpfs /tmp --ro-bind /usr /usr --ro-bind $base $base --ro-bind $AIRLOCK_HOME $AIRLOCK_HOME --ro-bind $bare $bare --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev $python -c 'print(1+1)'"
 names=bare,airlock
-if command -v bwrap >/dev/null; then extra=("$bwrap_cmd"); names=$names,bubblewrap; fi
+trivial=("$python -c 'print(1+1)'" "$airlock run -c 'print(1+1)'")
+if [ -n "${BASE:-}" ]; then trivial+=("$BASE run -c 'print(1+1)'"); names=$names,base; fi
+if command -v bwrap >/dev/null; then trivial+=("$bwrap_cmd"); names=$names,bubblewrap; fi
 python3 "$OLDPWD/bench/paired.py" --rounds "$rounds" --names "$names" --json "$OLDPWD/bench/results/startup-trivial.json" \
-  "$python -c 'print(1+1)'" "$airlock run -c 'print(1+1)'" "${extra[@]}"
+  "${trivial[@]}"
+if command -v perf >/dev/null; then
+  echo "== trivial: CPU time (perf stat task-clock, every process of the command, mean of $rounds runs)"
+  IFS=, read -ra labels <<< "$names"
+  for i in "${!trivial[@]}"; do
+    perf stat -x, -o "$work/perf.csv" -e task-clock -r "$rounds" -- sh -c "${trivial[$i]}" >/dev/null 2>&1
+    printf '%-10s %8s ms CPU\n' "${labels[$i]}" "$(grep task-clock "$work/perf.csv" | cut -d, -f1)"
+  done
+fi
+
+[ "${ONLY:-}" = trivial ] && exit 0
 
 echo "== import: import pandas"
 python3 "$OLDPWD/bench/paired.py" --rounds "$rounds" --names bare,airlock --json "$OLDPWD/bench/results/startup-import.json" \
   "$python -c 'import pandas'" "$airlock run -c 'import pandas'"
 
 echo "== pandas: the weighted-median job"
-python3 "$OLDPWD/bench/paired.py" --rounds "$rounds" --names bare,airlock --json "$OLDPWD/bench/results/startup-pandas.json" \
-  "$python bare_weighted_median.py" \
-  "$airlock run weighted_median.py --file sales.csv --out /work/out.json:out.json"
+job=("$python bare_weighted_median.py" "$airlock run weighted_median.py --file sales.csv --out /work/out.json:out.json")
+names=bare,airlock
+if [ -n "${BASE:-}" ]; then
+  job+=("$BASE run weighted_median.py --file sales.csv --out /work/out.json:out.json"); names=$names,base
+fi
+python3 "$OLDPWD/bench/paired.py" --rounds "$rounds" --names "$names" --json "$OLDPWD/bench/results/startup-pandas.json" \
+  "${job[@]}"

@@ -335,3 +335,114 @@ fn images_lock_build_reuse_verify_and_refuse_when_broken() {
     assert!(image(&["rm", "tiny"]).status.success());
     assert!(!home.path().join("images").join(&hash).exists());
 }
+
+/// The driver runs from the bytecode airlock keeps for an interpreter only
+/// when that interpreter made it from this very source: an entry made by
+/// another interpreter, from another source, unchecked or damaged changes
+/// nothing of what runs (the driver is compiled from its source instead).
+/// (With driver_start.py's check removed, the tampered entries ran instead
+/// of the driver.)
+#[test]
+fn only_bytecode_this_interpreter_made_from_this_source_runs() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |code: &str| -> Value {
+        let output = airlock_command()
+            .env("AIRLOCK_HOME", home.path())
+            .args(["run", "--json", "--python", "python3", "-c", code])
+            .current_dir(dir.path())
+            .output()
+            .expect("run airlock");
+        serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)))
+    };
+    let check = |what: &str| {
+        let record = run("print('hi')\n6 * 7");
+        assert_eq!(record["stdout"], "hi\n", "{what}: {record}");
+        assert_eq!(record["value"], "42", "{what}: {record}");
+        let record = run("x = 1\n1 / 0");
+        assert_eq!(record["error"]["type"], "ZeroDivisionError", "{what}: {record}");
+        assert_eq!(record["error"]["line"], 2, "{what}: {record}");
+        assert!(!record["stderr"].as_str().unwrap_or_default().contains(".airlock"), "{what}: {record}");
+    };
+    check("the first run, which makes the bytecode");
+    let cache = home.path().join("cache/bytecode");
+    let entries: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&cache).expect("the bytecode was kept").map(|e| e.unwrap().path()).collect();
+    assert_eq!(entries.len(), 2, "driver.py and driver_report.py: {entries:?}");
+    check("a run from the kept bytecode");
+
+    // A .pyc of another program, made by this interpreter: as another
+    // source's (checked: its hash is not the driver's), and unchecked.
+    let evil = dir.path().join("evil.py");
+    std::fs::write(&evil, "print('TAMPERED')\nraise SystemExit(9)\n").unwrap();
+    let compiled = |mode: &str| -> Vec<u8> {
+        let pyc = dir.path().join(format!("evil-{mode}.pyc"));
+        let status = std::process::Command::new("python3")
+            .args(["-I", "-c"])
+            .arg(format!(
+                "import py_compile; py_compile.compile({:?}, cfile={:?}, dfile='/.airlock/driver.py', \
+                 invalidation_mode=py_compile.PycInvalidationMode.{mode}, doraise=True)",
+                evil.display().to_string(),
+                pyc.display().to_string()
+            ))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::fs::read(pyc).unwrap()
+    };
+    let original: Vec<Vec<u8>> = entries.iter().map(|e| std::fs::read(e).unwrap()).collect();
+    let mut other_interpreter = original[0].clone();
+    other_interpreter[0] ^= 0xff;
+    for (what, content) in [
+        ("another source's bytecode", compiled("CHECKED_HASH")),
+        ("unchecked bytecode", compiled("UNCHECKED_HASH")),
+        ("timestamped bytecode", compiled("TIMESTAMP")),
+        ("another interpreter's bytecode", other_interpreter),
+        ("a damaged entry", original[0][..40].to_vec()),
+    ] {
+        for entry in &entries {
+            std::fs::write(entry, &content).unwrap();
+        }
+        check(what);
+    }
+}
+
+/// A remembered trial user namespace never stands in for a sandbox's own:
+/// with a helper that passes the trial but cannot make a sandbox, the run
+/// is refused, and the remembered trial is forgotten, so that the next
+/// start tries again (and can name the fix). (Without forgetting, the second
+/// start trusted the entry.)
+#[test]
+fn a_remembered_trial_is_forgotten_when_no_sandbox_can_be_made() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("helper.log");
+    let helper = dir.path().join("airlock-init");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = probe-userns ]; then echo trial >> {log}; exit 0; fi\necho sandbox >> {log}\nexit 1\n",
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let trial = home.path().join(airlock_linux::PROBE_TRIAL_CACHE);
+    for round in 1..=2 {
+        let output = airlock_command()
+            .env("AIRLOCK_HOME", home.path())
+            .env("AIRLOCK_INIT", &helper)
+            .args(["run", "--json", "--python", "python3", "-c", "print('ran')"])
+            .current_dir(dir.path())
+            .output()
+            .expect("run airlock");
+        assert_eq!(output.status.code(), Some(125), "round {round}: {}", String::from_utf8_lossy(&output.stderr));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(!stdout.contains("ran\\n"), "round {round}: the code ran: {stdout}");
+        assert!(!trial.exists(), "round {round}: the failed sandbox left its trial remembered");
+        let lines = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(lines.matches("trial").count(), round, "round {round}: {lines}");
+    }
+}

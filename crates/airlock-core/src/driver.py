@@ -14,13 +14,14 @@
 # supervisor treats everything it reports as untrusted data: parsed with caps,
 # PNGs re-checked, never used to decide a status or a limit.
 #
-# Start-up cost matters: every run pays it, and Python compiles a script on
-# every start (no bytecode cache for it). So this file holds only what every
+# Start-up cost matters: every run pays it. So this file holds only what every
 # run needs and imports nothing plain Python has not loaded already; what is
 # needed only when there is something to report (an error, figures) lives in
-# driver_report.py, beside it, loaded then.
+# driver_report.py, beside it, loaded then. driver_start.py, Python's script,
+# runs this file, from its bytecode when it can trust it (see there), and
+# leaves its `_code_of` here, which loads driver_report.py the same way.
 #
-# argv: driver.py CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP MAX_RESULTS
+# argv: driver_start.py CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP MAX_RESULTS
 #       [READY_PATH [warm PRELOAD...]]
 #
 # With READY_PATH (a FIFO), the driver writes b"C" there just before the
@@ -115,12 +116,11 @@ _WARM = []
 
 
 def _extras():
-    """driver_report.py, compiled on first need."""
+    """driver_report.py, loaded on first need."""
     if not _EXTRAS:
         path = _DRIVER_DIR + "/driver_report.py"
         namespace = {"__name__": "airlock_driver_report", "__file__": path}
-        with open(path, "rb") as f:
-            exec(compile(f.read(), path, "exec"), namespace)
+        exec(_code_of(path), namespace)
         _EXTRAS.append(type(sys)("airlock_driver_report"))
         _EXTRAS[0].__dict__.update(namespace)
     return _EXTRAS[0]

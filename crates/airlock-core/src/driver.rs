@@ -3,7 +3,10 @@
 //!
 //! Python code runs under `driver.py` (shipped inside this crate), which
 //! returns the last expression's value, structured errors and figures through
-//! a report file. Shell code runs under `/bin/sh` as it is.
+//! a report file. Python is given `driver_start.py`, which runs the driver
+//! from bytecode the runtime brings ([`Runtime::driver_bytecode`]) when it
+//! was made by this interpreter from this very source, else from its source.
+//! Shell code runs under `/bin/sh` as it is.
 
 use std::collections::BTreeMap;
 
@@ -16,9 +19,18 @@ use crate::runtime::Runtime;
 
 /// The Python driver's source: what every run needs.
 pub const DRIVER_SOURCE: &str = include_str!("driver.py");
-/// The rest of the driver, compiled inside only when there is something to
+/// The rest of the driver, loaded inside only when there is something to
 /// report (an error, figures).
 pub const DRIVER_REPORT_SOURCE: &str = include_str!("driver_report.py");
+/// The script Python is given: runs the driver from its bytecode or its source.
+pub const DRIVER_START_SOURCE: &str = include_str!("driver_start.py");
+
+/// The driver's files that may run from bytecode, each as (its name in
+/// [`PROGRAM_DIR`], the name of its bytecode there, its source). The
+/// bytecode of `x.py` is `x.pyc`, a checked-hash .pyc that
+/// `driver_start.py` checks against the interpreter and the source.
+pub const COMPILED_FILES: [(&str, &str, &str); 2] =
+    [("driver.py", "driver.pyc", DRIVER_SOURCE), ("driver_report.py", "driver_report.pyc", DRIVER_REPORT_SOURCE)];
 
 /// The read-only folder inside the sandbox that holds the driver and the code.
 pub const PROGRAM_DIR: &str = "/.airlock";
@@ -82,7 +94,13 @@ impl Default for ReportCaps {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramFile {
     pub name: &'static str,
-    pub content: String,
+    pub content: Vec<u8>,
+}
+
+impl ProgramFile {
+    fn text(name: &'static str, content: &str) -> ProgramFile {
+        ProgramFile { name, content: content.as_bytes().to_vec() }
+    }
 }
 
 /// What to execute inside the sandbox for a job.
@@ -98,6 +116,34 @@ pub struct Program {
     pub announces: bool,
     /// Whether it waits for its code on [`CODE_FIFO`].
     pub fed: bool,
+}
+
+/// Serde for the program's files as a plan carries them to a helper: each
+/// file's name and its bytes in base64 (source text or bytecode alike).
+pub mod files_in_base64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(files: &[(String, Vec<u8>)], serializer: S) -> Result<S::Ok, S::Error> {
+        let encoded: Vec<(&str, String)> = files
+            .iter()
+            .map(|(name, content)| (name.as_str(), base64::engine::general_purpose::STANDARD.encode(content)))
+            .collect();
+        encoded.serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<(String, Vec<u8>)>, D::Error> {
+        let encoded: Vec<(String, String)> = Vec::deserialize(deserializer)?;
+        encoded
+            .into_iter()
+            .map(|(name, text)| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(text.as_bytes())
+                    .map(|content| (name, content))
+                    .map_err(serde::de::Error::custom)
+            })
+            .collect()
+    }
 }
 
 /// What a warm driver reads from [`CODE_FIFO`] for `job`: a line of three
@@ -124,7 +170,7 @@ pub fn program_with(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Star
     match job.language {
         Language::Sh if !warm => Program {
             argv: vec!["/bin/sh".to_owned(), format!("{PROGRAM_DIR}/main.sh")],
-            files: vec![ProgramFile { name: "main.sh", content: job.code.clone() }],
+            files: vec![ProgramFile::text("main.sh", &job.code)],
             reports: false,
             announces: false,
             fed: false,
@@ -134,14 +180,16 @@ pub fn program_with(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Star
 }
 
 fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<'_>) -> Program {
-    let mut files = vec![
-        ProgramFile { name: "driver.py", content: DRIVER_SOURCE.to_owned() },
-        ProgramFile { name: "driver_report.py", content: DRIVER_REPORT_SOURCE.to_owned() },
-    ];
+    let mut files = vec![ProgramFile::text("driver_start.py", DRIVER_START_SOURCE)];
+    files.extend(COMPILED_FILES.iter().map(|(name, _, source)| ProgramFile::text(name, source)));
+    // Only bytecode of the driver's own files, by their bytecode's names.
+    files.extend(
+        runtime.driver_bytecode.iter().filter(|f| COMPILED_FILES.iter().any(|(_, pyc, _)| *pyc == f.name)).cloned(),
+    );
     let code_path = match start {
         Start::Warm { .. } => format!("{PROGRAM_DIR}/{CODE_FIFO}"),
         Start::Cold | Start::Announced => {
-            files.push(ProgramFile { name: "main.py", content: job.code.clone() });
+            files.push(ProgramFile::text("main.py", &job.code));
             format!("{PROGRAM_DIR}/main.py")
         }
     };
@@ -149,7 +197,7 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         runtime.python.to_string_lossy().into_owned(),
         // Unbuffered, so output written before a kill is not lost.
         "-u".to_owned(),
-        format!("{PROGRAM_DIR}/driver.py"),
+        format!("{PROGRAM_DIR}/driver_start.py"),
         code_path,
         job.display_name().to_owned(),
         format!("{PROGRAM_DIR}/{REPORT_FILE}"),

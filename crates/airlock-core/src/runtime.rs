@@ -78,6 +78,11 @@ pub struct Runtime {
     pub tmp_seed: Vec<(String, Vec<u8>)>,
     /// `python X.Y.Z` and the packages it holds, for messages about a missing module.
     pub describe: String,
+    /// The driver's bytecode for this interpreter, made on the host
+    /// ([`crate::driver::COMPILED_FILES`]); empty means the driver is compiled
+    /// inside at each run. Inside, each is used only if it was made by the
+    /// interpreter that runs from the source beside it.
+    pub driver_bytecode: Vec<crate::driver::ProgramFile>,
 }
 
 impl Runtime {

@@ -57,7 +57,7 @@ use airlock_policy::{BackendKind, Layer, Policy, SandboxPath};
 pub use cgroup::{DELEGATED_CGROUP_ENV, HOLD_ARG, Hierarchy, hold};
 pub use instance::LinuxInstance;
 pub use network::PROXY_ADDR;
-pub use probe::{PROBE_USERNS_ARG, try_user_namespace};
+pub use probe::{PROBE_USERNS_ARG, TRIAL_CACHE as PROBE_TRIAL_CACHE, try_user_namespace};
 
 use crate::protocol::{Reply, Request, SetupPlan};
 
@@ -162,7 +162,10 @@ impl Backend for LinuxBackend {
             layout,
             binds,
         };
-        let ([user_ns, mount_ns, stage, work, tmp], host_paths_shown) = setup(&helper, plan)?;
+        // A sandbox that cannot be made may mean the host changed since a
+        // remembered trial: the next start probes again, and names the fix.
+        let ([user_ns, mount_ns, stage, work, tmp], host_paths_shown) =
+            setup(&helper, plan).inspect_err(|_| probe::forget_trial())?;
         let files = confine::file_access(&host_id.mapping, &helper, &user_ns)?;
         for (name, content) in &runtime.tmp_seed {
             // Checked as a path below a directory, as those below /work are.

@@ -551,7 +551,7 @@ const WRITABLE: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 /// Child side, for each run: a fresh /proc for the run's PID namespace with
 /// the host's kernel internals masked, and the program at /.airlock. Returns
 /// the FIFOs named in `fifos`, in that order, each opened for the supervisor.
-pub fn build_run_root(program_files: &[(String, String)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
+pub fn build_run_root(program_files: &[(String, Vec<u8>)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     bind_stage_onto_itself()?;
@@ -584,7 +584,7 @@ pub fn build_run_root(program_files: &[(String, String)], fifos: &[&str]) -> Res
 /// Mounts a small tmpfs at /.airlock holding the program, then makes it
 /// read-only. Kept apart from the stage so a full /work cannot stop the next
 /// run from starting.
-fn write_program(files: &[(String, String)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
+fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
     let step = "write the program";
     let dir = stage_path(PROGRAM_DIR);
     let bytes: usize = files.iter().map(|(_, c)| c.len().div_ceil(4096) * 4096).sum::<usize>() + 64 * 1024;

@@ -39,11 +39,16 @@ pub fn until_ended(
     let mut init_end = None;
     let mut init_died_first = false;
     while code_end.is_none() || init_end.is_none() {
-        let mut fds = [
-            PollFd::new(&code, if code_end.is_none() { PollFlags::IN } else { PollFlags::empty() }),
-            PollFd::new(&init, if init_end.is_none() { PollFlags::IN } else { PollFlags::empty() }),
-            PollFd::new(&supervisor, PollFlags::empty()),
-        ];
+        // Only what is still awaited is polled: a reaped child's pidfd
+        // reports POLLHUP whatever is asked, and polling it would spin this
+        // loop while the kernel tears the run down.
+        let mut fds = vec![PollFd::new(&supervisor, PollFlags::empty())];
+        if code_end.is_none() {
+            fds.push(PollFd::new(&code, PollFlags::IN));
+        }
+        if init_end.is_none() {
+            fds.push(PollFd::new(&init, PollFlags::IN));
+        }
         match poll(&mut fds, None) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => {
@@ -51,13 +56,18 @@ pub fn until_ended(
                 return Err(Failure::new(step, "poll", &e.into()));
             }
         }
-        if fds[2].revents().intersects(PollFlags::HUP | PollFlags::ERR) {
+        let supervisor_gone = fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR);
+        let mut rest = fds[1..].iter().map(|fd| !fd.revents().is_empty());
+        let code_ready = code_end.is_none() && rest.next().unwrap_or(false);
+        let init_ready = init_end.is_none() && rest.next().unwrap_or(false);
+        drop(fds);
+        if supervisor_gone {
             kill(init, code);
             return Err(Failure::plain(step, "the supervisor went away"));
         }
         // The code first: a dying init waits, in the kernel, until the
         // helper has reaped the code (a child of the helper, not of the init).
-        if code_end.is_none() && !fds[0].revents().is_empty() {
+        if code_ready {
             code_end = reap(code).map_err(|e| Failure::new(step, "wait for the code", &e.into()))?;
             if code_end.is_some() {
                 init_died_first = hung_up(init_socket);
@@ -65,7 +75,7 @@ pub fn until_ended(
                 let _ = pidfd_send_signal(init, Signal::KILL);
             }
         }
-        if init_end.is_none() && !fds[1].revents().is_empty() {
+        if init_ready {
             init_end = reap(init).map_err(|e| Failure::new(step, "wait for the init", &e.into()))?;
         }
     }

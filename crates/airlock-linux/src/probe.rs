@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use airlock_core::Probe;
 use airlock_policy::{BackendKind, Layer};
@@ -136,7 +136,7 @@ fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>, helper: Optio
     if apparmor_restricts && !Path::new(APPARMOR_PROFILE).exists() {
         return Err(apparmor_fix("airlock's helper has no profile"));
     }
-    try_unshare_user_namespace(helper).map_err(|why| {
+    trial_user_namespace(helper, trial_cache_path().as_deref()).map_err(|why| {
         if apparmor_restricts {
             apparmor_fix(&format!(
                 "{APPARMOR_PROFILE} exists but does not let this helper make one ({why}): it is not loaded, or \
@@ -162,6 +162,92 @@ fn apparmor_fix(what: &str) -> String {
 
 /// Where the README installs the helper's AppArmor profile.
 const APPARMOR_PROFILE: &str = "/etc/apparmor.d/airlock-init";
+
+/// Where a trial's success is remembered (see [`trial_user_namespace`]).
+fn trial_cache_path() -> Option<PathBuf> {
+    airlock_core::paths::data_dir().ok().map(|d| d.join(TRIAL_CACHE))
+}
+
+/// The file, in airlock's data directory, that remembers a trial's success.
+pub const TRIAL_CACHE: &str = "cache/userns-trial";
+
+/// [`try_unshare_user_namespace`], skipped when the helper made one before
+/// in the same conditions: the trial is a fork, an exec and a namespace,
+/// about a millisecond of every start. `cache` remembers a success (never a
+/// refusal) under everything the kernel's answer depends on ([`trial_key`]).
+/// A wrong entry cannot make a run weaker: each run's helper makes its own
+/// user namespace or the run fails, and a sandbox whose set-up fails
+/// forgets the entry ([`forget_trial`]), so the next start tries again and
+/// names the fix.
+fn trial_user_namespace(helper: Option<&Path>, cache: Option<&Path>) -> Result<(), String> {
+    let key = helper.and_then(trial_key);
+    let remembered = |cache: &Path| fs::read_to_string(cache).ok();
+    if let (Some(key), Some(cache)) = (&key, cache) {
+        if remembered(cache).as_deref() == Some(key.as_str()) {
+            return Ok(());
+        }
+    }
+    try_unshare_user_namespace(helper)?;
+    if let (Some(key), Some(cache)) = (key, cache) {
+        // A cache: failing to save it costs the trial next time, nothing more.
+        let tmp = cache.with_extension(format!("{}.tmp", std::process::id()));
+        let saved = cache.parent().is_some_and(|dir| fs::create_dir_all(dir).is_ok()) && fs::write(&tmp, key).is_ok();
+        if !saved || fs::rename(&tmp, cache).is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+    }
+    Ok(())
+}
+
+/// Forgets a remembered trial: called when a sandbox could not be set up.
+pub fn forget_trial() {
+    if let Some(cache) = trial_cache_path() {
+        let _ = fs::remove_file(cache);
+    }
+}
+
+/// What the kernel's answer to the helper's unshare depends on, as text:
+/// this boot, the helper binary as it is now, who asks, in which user
+/// namespace, under which seccomp filters, capabilities and security label,
+/// and the sysctls that govern user namespaces. `None` when any of it
+/// cannot be read: then the trial is made.
+fn trial_key(helper: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let read = |path: &str| fs::read_to_string(path).ok();
+    let meta = fs::metadata(helper).ok()?;
+    let status = read("/proc/self/status")?;
+    let confinement: Vec<&str> = status
+        .lines()
+        .filter(|l| {
+            ["Seccomp", "Seccomp_filters", "NoNewPrivs", "CapEff", "CapBnd"]
+                .iter()
+                .any(|k| l.split(':').next() == Some(*k))
+        })
+        .collect();
+    let profile = fs::metadata(APPARMOR_PROFILE).ok().map(|m| format!("{}.{}", m.mtime(), m.mtime_nsec()));
+    let key = format!(
+        "boot {}\nhelper {} {} {} {} {}.{} {}.{}\nids {} {}\nuserns {}\n{}\nlabel {:?}\nsysctl {:?} {:?} {:?}\nprofile {:?}\n",
+        read("/proc/sys/kernel/random/boot_id")?.trim(),
+        helper.display(),
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec(),
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+        fs::read_link("/proc/self/ns/user").ok()?.display(),
+        confinement.join(" "),
+        read("/proc/self/attr/current").map(|l| l.trim().to_owned()),
+        read("/proc/sys/user/max_user_namespaces").map(|v| v.trim().to_owned()),
+        read("/proc/sys/kernel/unprivileged_userns_clone").map(|v| v.trim().to_owned()),
+        read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").map(|v| v.trim().to_owned()),
+        profile,
+    );
+    Some(key)
+}
 
 /// Makes one user namespace the way a run will: in the helper, which
 /// tries it and exits (see [`try_user_namespace`]); without a helper (the
@@ -222,9 +308,60 @@ pub fn try_user_namespace() -> ! {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
     use rustix::io::Errno;
 
-    use super::landlock_missing;
+    use super::{landlock_missing, trial_user_namespace};
+
+    /// A stand-in helper that logs each trial to `log` and answers with `status`.
+    fn fake_helper(dir: &Path, name: &str, status: i32) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let log = dir.join(format!("{name}.log"));
+        fs::write(&path, format!("#!/bin/sh\necho \"$1\" >> {}\necho refused >&2\nexit {status}\n", log.display()))
+            .unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn trials(dir: &Path, name: &str) -> usize {
+        fs::read_to_string(dir.join(format!("{name}.log"))).map_or(0, |log| log.lines().count())
+    }
+
+    #[test]
+    fn a_trial_that_succeeded_is_remembered_until_its_conditions_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache/userns-trial");
+        let helper = fake_helper(dir.path(), "helper", 0);
+        trial_user_namespace(Some(&helper), Some(&cache)).unwrap();
+        trial_user_namespace(Some(&helper), Some(&cache)).unwrap();
+        assert_eq!(trials(dir.path(), "helper"), 1, "the second start trusted the remembered trial");
+        // Another boot's entry (or a damaged one) is not trusted: the trial is made again.
+        let entry = fs::read_to_string(&cache).unwrap();
+        fs::write(&cache, entry.replacen("boot ", "boot another-", 1)).unwrap();
+        trial_user_namespace(Some(&helper), Some(&cache)).unwrap();
+        assert_eq!(trials(dir.path(), "helper"), 2, "a stale entry was trusted");
+        assert_eq!(fs::read_to_string(&cache).unwrap(), entry, "the entry is this boot's again");
+        // Another helper binary is tried on its own.
+        let other = fake_helper(dir.path(), "other", 0);
+        trial_user_namespace(Some(&other), Some(&cache)).unwrap();
+        assert_eq!(trials(dir.path(), "other"), 1, "another helper's trial was taken for this one's");
+    }
+
+    #[test]
+    fn a_refusal_is_never_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("userns-trial");
+        let helper = fake_helper(dir.path(), "helper", 1);
+        for _ in 0..2 {
+            let why = trial_user_namespace(Some(&helper), Some(&cache)).unwrap_err();
+            assert!(why.contains("refused"), "{why}");
+        }
+        assert_eq!(trials(dir.path(), "helper"), 2, "each start tried again");
+        assert!(!cache.exists(), "a refusal was remembered");
+    }
 
     #[test]
     fn a_kernel_that_did_not_start_landlock_is_told_the_lsm_list_that_adds_it() {

@@ -114,8 +114,10 @@ pub struct RunPlan {
     /// refuses a request that lost any.
     pub cgroup_fds: usize,
     pub hostname: String,
-    /// Name and text of each file of the program (the driver, the code).
-    pub program_files: Vec<(String, String)>,
+    /// Name and content of each file of the program (the driver, its
+    /// bytecode, the code).
+    #[serde(with = "airlock_core::driver::files_in_base64")]
+    pub program_files: Vec<(String, Vec<u8>)>,
     /// Whether to make the report FIFO and hand it to the supervisor.
     pub report_fifo: bool,
     /// Whether to make the ready FIFO (`driver::READY_FILE`), on which the
@@ -358,7 +360,10 @@ mod tests {
             cgroup: CgroupEntry::None,
             cgroup_fds: 0,
             hostname: "airlock".into(),
-            program_files: vec![("main.py".into(), "print('é')".into())],
+            program_files: vec![
+                ("main.py".into(), "print('é')".into()),
+                ("driver.pyc".into(), vec![0xa7, 0x0d, 0, 0xff]),
+            ],
             report_fifo: true,
             ready_fifo: true,
             code_fifo: false,

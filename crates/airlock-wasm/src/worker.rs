@@ -325,7 +325,7 @@ fn plain_program(plan: &GuestPlan) -> Result<OwnedFd, Failure> {
 /// `dir`, and opens `dir` for the supervisor, which reads the report from it
 /// once the guest is gone. The report is a plain file: WASI preview 1 writes
 /// files at an offset, which a FIFO refuses.
-fn program_folder(dir: &Path, files: &[(String, String)]) -> Result<OwnedFd, Failure> {
+fn program_folder(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<OwnedFd, Failure> {
     let step = "write the program";
     let fail = |what: &str, e: std::io::Error| Failure::new(step, what, &e);
     for (name, content) in files {

@@ -84,6 +84,7 @@ impl Interpreter {
             image: None,
             tmp_seed: Vec::new(),
             describe: format!("Python {}, the host's, without an image", self.version),
+            driver_bytecode: crate::bytecode::driver_bytecode(&self.executable),
         }
     }
 
@@ -138,6 +139,7 @@ impl Interpreter {
             image: None,
             tmp_seed: Vec::new(),
             describe: format!("Python {} in a venv", self.version),
+            driver_bytecode: crate::bytecode::driver_bytecode(&self.executable),
         }
     }
 

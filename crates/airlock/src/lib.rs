@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 mod artifacts;
+mod bytecode;
 pub mod image;
 pub mod interpreter;
 pub mod pool;
