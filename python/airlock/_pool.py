@@ -4,13 +4,12 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Optional, Union
 
 from . import _native
 from ._errors import PolicyError
 from ._result import RunResult
-from ._sandbox import Data, Sandbox, _audit_store, _check_image, _in_keyword_terms, _spec_json
+from ._sandbox import Data, Sandbox, _Closable, _audit_store, _check_image, _in_keyword_terms, _spec_json
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class PoolStats:
     expired: int
 
 
-class Pool:
+class Pool(_Closable):
     """Sandboxes made ready ahead of their runs, so that a run answers in tens
     of milliseconds and is still fresh.
 
@@ -158,22 +157,6 @@ class Pool:
         """Destroys the ready sandboxes and stops making more. Sandboxes taken
         from the pool live on until they are closed. Closing twice is fine."""
         self._native.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether the pool has been closed."""
-        return self._native.closed
-
-    def __enter__(self) -> "Pool":
-        return self
-
-    def __exit__(
-        self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         if self.closed:

@@ -5,7 +5,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 from . import _native
 from ._errors import PolicyError
@@ -19,7 +19,36 @@ _KEYWORD_FOR_FIELD = {field: keyword for keyword, field in _RENAMED.items()}
 Data = Union[bytes, bytearray, memoryview, str]
 
 
-class Sandbox:
+_Self = TypeVar("_Self", bound="_Closable")
+
+
+class _Closable:
+    """What a sandbox and a pool share: closed by ``close()`` (twice is
+    fine), and by leaving a ``with`` block. ``_native`` is the object behind."""
+
+    _native: Any
+
+    @property
+    def closed(self) -> bool:
+        """Whether it has been closed."""
+        return self._native.closed
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+
+class Sandbox(_Closable):
     """A disposable sandbox: a private work directory, ``/work``, and the runs
     made in it, each in a fresh process tree with no network, an empty
     environment and hard limits.
@@ -238,22 +267,6 @@ class Sandbox:
         """Destroys the sandbox and everything in it. A run in progress on
         another thread is waited for. Closing twice is fine."""
         self._native.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether the sandbox has been destroyed."""
-        return self._native.closed
-
-    def __enter__(self) -> "Sandbox":
-        return self
-
-    def __exit__(
-        self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Sandbox(image={self._image!r}, closed={self.closed})"
