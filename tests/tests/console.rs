@@ -160,7 +160,12 @@ fn sign_in(browser: &Browser, server: &Server, token: &str, then: &str) {
     assert!(browser.url().contains("/ui/login"), "signed out, {then} leads to the login form: {}", browser.url());
     browser.type_into(&browser.find("#token"), token);
     browser.click(&browser.find("form button[type=submit]"));
-    if browser.url().contains("/ui/login") {
+    // The click may return before the form's POST and its redirect are done:
+    // wait for the page to leave the form, or for the form to say why not.
+    let left = browser.wait_for(Duration::from_secs(60), |browser| {
+        !browser.url().contains("/ui/login") || !browser.find_all(".problem").is_empty()
+    });
+    if !left || browser.url().contains("/ui/login") {
         let problem = browser.find_all(".problem").first().map(|p| browser.text(p)).unwrap_or_default();
         panic!("signing in failed: {problem} {:?}", browser.eval("return document.cookie"));
     }
@@ -263,6 +268,10 @@ fn a_person_reads_a_run_beside_its_code_in_a_real_browser() {
     );
     browser.type_into(&browser.find("input[name=q]"), "xs[10]");
     browser.click(&browser.find(".filters button[type=submit]"));
+    assert!(
+        browser.wait_for(Duration::from_secs(60), |browser| browser.url().contains("q=")),
+        "the filter was not applied"
+    );
     assert_eq!(browser.find_all("table.runs tbody tr").len(), 1);
     browser.screenshot(&screenshots().join("runs.png"));
     browser.open(&server.url("/ui/runs?q=no+such+code+anywhere"));

@@ -140,6 +140,22 @@ impl Browser {
         self.post(&format!("/element/{}/click", element.0), json!({}));
     }
 
+    /// Waits until `done` holds for this page, up to `limit`; says whether it
+    /// did. A click that submits a form may return before the browser has
+    /// left the page, so what it leads to is waited for, never assumed.
+    pub fn wait_for(&self, limit: Duration, done: impl Fn(&Browser) -> bool) -> bool {
+        let started = Instant::now();
+        loop {
+            if done(self) {
+                return true;
+            }
+            if started.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Runs `script` (a function body) in the page, outside its CSP.
     pub fn eval(&self, script: &str) -> Value {
         self.post("/execute/sync", json!({"script": script, "args": []}))
