@@ -65,6 +65,10 @@ use crate::protocol::{Reply, Request, SetupPlan};
 /// [`seccomp::default_program`]).
 const DEFAULT_SECCOMP_BPF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/default-seccomp.bpf"));
 
+/// The forked mode's template policy as compiled by build.rs (see
+/// [`seccomp::template_program`]).
+const TEMPLATE_SECCOMP_BPF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/template-seccomp.bpf"));
+
 /// The environment variable naming the helper binary, for installs where it
 /// is not beside the running program.
 pub const HELPER_ENV: &str = "AIRLOCK_INIT";

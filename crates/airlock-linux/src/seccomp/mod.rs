@@ -30,12 +30,25 @@ pub use compile::{Instruction, compile, evaluate};
 /// The default policy, as shipped.
 pub const DEFAULT_POLICY: &str = include_str!("../../seccomp/default.toml");
 
+/// The forked mode's template policy, as shipped: the default widened by
+/// the rules of `seccomp/template.toml` ([`Policy::template_policy`]).
+pub const TEMPLATE_POLICY: &str = include_str!("../../seccomp/template.toml");
+
+/// The base a widening policy file may name: the only one shipped.
+const TEMPLATE_BASE: &str = "default.toml";
+
 /// The default policy compiled to BPF for this build's architecture by the
 /// build script (build.rs), which leaves it at the crate root as
 /// `DEFAULT_SECCOMP_BPF`.
 pub fn default_program() -> Vec<Instruction> {
     // build.rs wrote whole instructions; an empty program would fail loudly at install.
     Instruction::from_bytes(crate::DEFAULT_SECCOMP_BPF).unwrap_or_default()
+}
+
+/// The template policy compiled to BPF for this build's architecture by the
+/// build script, as `TEMPLATE_SECCOMP_BPF` at the crate root.
+pub fn template_program() -> Vec<Instruction> {
+    Instruction::from_bytes(crate::TEMPLATE_SECCOMP_BPF).unwrap_or_default()
 }
 
 /// An architecture the filter is built for: its syscall numbers and the
@@ -310,6 +323,10 @@ pub enum PolicyFileError {
     BadCondition,
     #[error("the compiled filter has {0} instructions, more than the kernel's limit of 4096")]
     TooLong(usize),
+    #[error("a widening policy's base is {0:?}: the only base shipped is \"default.toml\"")]
+    UnknownBase(String),
+    #[error("syscall {0:?} is allowed outright by the base policy: a widening rule for it would change nothing")]
+    NotWidening(String),
 }
 
 #[derive(Deserialize, Serialize)]
@@ -318,6 +335,16 @@ struct PolicyFile {
     default_action: String,
     #[serde(default)]
     allow: Vec<AllowGroup>,
+    #[serde(default)]
+    rule: Vec<RuleEntry>,
+}
+
+/// A policy file that widens a base (`seccomp/template.toml`): its rules go
+/// before the base's for the syscalls they name.
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct WideningFile {
+    base: String,
     #[serde(default)]
     rule: Vec<RuleEntry>,
 }
@@ -401,28 +428,9 @@ impl Policy {
                 }
             }
         }
-        let mut ruled: BTreeMap<u32, (String, Vec<Rule>)> = BTreeMap::new();
-        for entry in &file.rule {
-            let action = Action::parse(&entry.action)?;
-            let when = match &entry.when {
-                None => Vec::new(),
-                Some(When::One(c)) => vec![condition(c)?],
-                Some(When::All(list)) => list.iter().map(condition).collect::<Result<_, _>>()?,
-            };
-            for name in &entry.syscalls {
-                if !is_known_anywhere(name) {
-                    return Err(PolicyFileError::UnknownSyscall(name.clone()));
-                }
-                let Some(nr) = arch.number(name) else { continue };
-                if syscalls.contains_key(&nr) {
-                    return Err(PolicyFileError::Duplicate(name.clone()));
-                }
-                ruled
-                    .entry(nr)
-                    .or_insert_with(|| (name.clone(), Vec::new()))
-                    .1
-                    .push(Rule { when: when.clone(), action });
-            }
+        let ruled = rules(&file.rule, arch)?;
+        if let Some((_, (name, _))) = ruled.iter().find(|(nr, _)| syscalls.contains_key(nr)) {
+            return Err(PolicyFileError::Duplicate(name.clone()));
         }
         syscalls.extend(ruled);
         Ok(Policy { arch, default_action: Action::parse(&file.default_action)?, syscalls })
@@ -431,6 +439,37 @@ impl Policy {
     /// The shipped default policy for `arch`.
     pub fn default_policy(arch: Arch) -> Result<Policy, PolicyFileError> {
         Policy::parse(DEFAULT_POLICY, arch)
+    }
+
+    /// The shipped template policy for `arch`: the default widened by
+    /// `seccomp/template.toml`.
+    pub fn template_policy(arch: Arch) -> Result<Policy, PolicyFileError> {
+        Policy::default_policy(arch)?.widened(TEMPLATE_POLICY)
+    }
+
+    /// This policy with a widening file's rules put before its own for the
+    /// syscalls they name. A syscall this policy allows outright is refused:
+    /// the file would change nothing for it, so naming it is a mistake.
+    pub fn widened(mut self, text: &str) -> Result<Policy, PolicyFileError> {
+        let file: WideningFile = toml::from_str(text)?;
+        if file.base != TEMPLATE_BASE {
+            return Err(PolicyFileError::UnknownBase(file.base));
+        }
+        for (nr, (name, mut widening)) in rules(&file.rule, self.arch)? {
+            match self.syscalls.get_mut(&nr) {
+                Some((_, base)) if base.iter().all(|rule| rule.when.is_empty() && rule.action == Action::Allow) => {
+                    return Err(PolicyFileError::NotWidening(name));
+                }
+                Some((_, base)) => {
+                    widening.append(base);
+                    *base = widening;
+                }
+                None => {
+                    self.syscalls.insert(nr, (name, widening));
+                }
+            }
+        }
+        Ok(self)
     }
 
     /// What the policy decides for syscall `nr` with these arguments (low 32
@@ -446,6 +485,27 @@ impl Policy {
     pub fn number(&self, name: &str) -> Option<u32> {
         self.arch.number(name)
     }
+}
+
+/// A file's `[[rule]]` entries, per syscall number of `arch`, in order.
+fn rules(entries: &[RuleEntry], arch: Arch) -> Result<BTreeMap<u32, (String, Vec<Rule>)>, PolicyFileError> {
+    let mut ruled: BTreeMap<u32, (String, Vec<Rule>)> = BTreeMap::new();
+    for entry in entries {
+        let action = Action::parse(&entry.action)?;
+        let when = match &entry.when {
+            None => Vec::new(),
+            Some(When::One(c)) => vec![condition(c)?],
+            Some(When::All(list)) => list.iter().map(condition).collect::<Result<_, _>>()?,
+        };
+        for name in &entry.syscalls {
+            if !is_known_anywhere(name) {
+                return Err(PolicyFileError::UnknownSyscall(name.clone()));
+            }
+            let Some(nr) = arch.number(name) else { continue };
+            ruled.entry(nr).or_insert_with(|| (name.clone(), Vec::new())).1.push(Rule { when: when.clone(), action });
+        }
+    }
+    Ok(ruled)
 }
 
 fn condition(entry: &ConditionEntry) -> Result<Condition, PolicyFileError> {

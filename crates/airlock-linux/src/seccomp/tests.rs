@@ -316,3 +316,94 @@ fn the_issue_s_rules_hold_on_every_architecture() {
         assert_eq!(call("io_uring_setup", a(&[])), EPERM);
     }
 }
+
+/// The template's filter: the default, widened by `seccomp/template.toml`.
+fn compiled_template(arch: Arch) -> (Policy, Vec<Instruction>) {
+    let policy = Policy::template_policy(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    let program = compile(&policy).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    (policy, program)
+}
+
+#[test]
+fn the_template_program_built_in_is_its_policy_compiled_for_this_machine() {
+    assert_eq!(template_program(), compiled_template(Arch::native()).1);
+    assert_ne!(template_program(), default_program());
+}
+
+#[test]
+fn the_template_filter_is_the_default_but_for_what_its_forks_need() {
+    const NAMESPACES: u64 =
+        0x0002_0000 | 0x0200_0000 | 0x0400_0000 | 0x0800_0000 | 0x1000_0000 | 0x2000_0000 | 0x4000_0000;
+    const CLONE_NEWTIME: u64 = 0x80;
+    let widened = [
+        "setns",
+        "mount",
+        "umount2",
+        "sethostname",
+        "landlock_create_ruleset",
+        "landlock_add_rule",
+        "landlock_restrict_self",
+        "unshare",
+    ];
+    for arch in Arch::ALL {
+        let (default, _) = compiled(arch);
+        let (policy, program) = compiled_template(arch);
+        let call = |name: &str, arg0: u64| {
+            let nr = policy.number(name).unwrap_or_else(|| panic!("{arch}: no {name}"));
+            run(arch, &program, nr, [arg0, 0, 0, 0, 0, 0])
+        };
+        // Every other syscall, with every argument its rules compare, is decided as the default decides.
+        for nr in 0..1024u32 {
+            let name = arch.name(nr).unwrap_or_default();
+            for args in interesting_args(&policy, nr).into_iter().chain(interesting_args(&default, nr)) {
+                assert_eq!(run(arch, &program, nr, args), policy.decide(nr, args), "{arch}: {name} {args:x?}");
+                if !widened.contains(&name) {
+                    assert_eq!(policy.decide(nr, args), default.decide(nr, args), "{arch}: {name} {args:x?}");
+                }
+            }
+        }
+        for name in &widened[..7] {
+            assert_eq!(call(name, 0), Action::Allow, "{arch}: {name}");
+        }
+        assert_eq!(call("unshare", NAMESPACES), Action::Allow, "{arch}: unshare of every namespace a fork makes");
+        assert_eq!(call("unshare", 0x1000_0000), Action::Allow, "{arch}: the nested user namespace");
+        assert_eq!(call("unshare", CLONE_NEWTIME), EPERM, "{arch}: a time namespace");
+        assert_eq!(call("unshare", NAMESPACES | CLONE_NEWTIME), EPERM, "{arch}: with a time namespace");
+        // What stays refused: namespaces through clone, mounts by other means, a new root.
+        assert_eq!(call("clone", 0x2000_0000 | 17), EPERM, "{arch}: clone with CLONE_NEWPID");
+        assert_eq!(call("clone", 0x1000_0000 | 17), EPERM, "{arch}: clone with CLONE_NEWUSER");
+        assert_eq!(call("clone3", 0), ENOSYS, "{arch}: clone3");
+        for name in [
+            "pivot_root",
+            "chroot",
+            "fsopen",
+            "fsmount",
+            "move_mount",
+            "open_tree",
+            "mount_setattr",
+            "ptrace",
+            "bpf",
+            "setdomainname",
+            "keyctl",
+        ] {
+            if policy.number(name).is_some() {
+                assert_eq!(call(name, 0), EPERM, "{arch}: {name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_widening_file_widens_only_what_it_names_and_only_over_the_default() {
+    let base = || Policy::default_policy(Arch::X86_64).unwrap();
+    let rule = |name: &str| format!("base = \"default.toml\"\n[[rule]]\nsyscalls = [\"{name}\"]\naction = \"allow\"\n");
+    // `read` is allowed outright already: naming it is a mistake, not a no-op.
+    assert!(matches!(base().widened(&rule("read")), Err(PolicyFileError::NotWidening(n)) if n == "read"));
+    assert!(matches!(base().widened(&rule("reed")), Err(PolicyFileError::UnknownSyscall(n)) if n == "reed"));
+    let other_base = "base = \"strict.toml\"\n";
+    assert!(matches!(base().widened(other_base), Err(PolicyFileError::UnknownBase(b)) if b == "strict.toml"));
+    assert!(matches!(base().widened("base = \"default.toml\"\nallow = []\n"), Err(PolicyFileError::Toml(_))));
+    let nr = base().number("bpf").unwrap();
+    assert_eq!(base().decide(nr, [0; 6]), EPERM);
+    assert_eq!(base().widened(&rule("bpf")).unwrap().decide(nr, [0; 6]), Action::Allow);
+}
