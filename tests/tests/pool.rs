@@ -383,8 +383,7 @@ fn pool_with_task_id(env_at_claim: &[&str]) -> (Pool, Policy) {
 
 /// What the code sees of TASK_ID: in Python, and in a child process (the
 /// driver's os.environ also calls putenv).
-const SEE_TASK_ID: &str =
-    "import os, subprocess\nprint(os.environ.get('TASK_ID'), subprocess.run(['sh', '-c', 'echo ${TASK_ID-unset}'], capture_output=True, text=True).stdout.strip())";
+const SEE_TASK_ID: &str = "import os, subprocess\nprint(os.environ.get('TASK_ID'), subprocess.run(['sh', '-c', 'echo ${TASK_ID-unset}'], capture_output=True, text=True).stdout.strip())";
 
 /// A variable the operator lists in env_at_claim is set warm, after the
 /// claim and before the code: the code and its children see the run's
@@ -438,7 +437,8 @@ fn a_variable_the_pool_does_not_list_goes_cold_and_says_how_to_allow_it() {
 #[test]
 fn a_name_read_at_start_up_is_refused_in_env_at_claim() {
     for name in ["LD_PRELOAD", "PYTHONPATH", "OMP_NUM_THREADS", "LANG", "TZ", "TASK-ID"] {
-        let options = PoolOptions { env_at_claim: vec!["TASK_ID".to_owned(), name.to_owned()], ..PoolOptions::default() };
+        let options =
+            PoolOptions { env_at_claim: vec!["TASK_ID".to_owned(), name.to_owned()], ..PoolOptions::default() };
         let refused = Pool::new(Policy::default(), Some(data_image()), options).unwrap_err().to_string();
         assert!(refused.contains(name) && refused.contains("env_at_claim"), "{name}: {refused}");
     }
