@@ -60,8 +60,10 @@ class Pool(_Closable):
     or when its settings cannot be applied to a ready one: a run may lower
     the wall and CPU time, the memory and the process limit (applied to the
     ready sandbox's cgroup from outside, where it holds less than the new
-    limit); anything else that differs from the pool's (the environment,
-    the disk, the network...) is in force from a sandbox's start.
+    limit), and set the variables of ``env`` that ``env_at_claim`` names
+    (the driver sets them before the code's first byte); anything else that
+    differs from the pool's (the rest of the environment, the disk, the
+    network...) is in force from a sandbox's start.
 
     :param size: sandboxes kept ready (default 2). Each holds an interpreter
         with its preload: about 100 MB with pandas.
@@ -70,6 +72,12 @@ class Pool(_Closable):
     :param idle_expiry_s: a sandbox ready for longer is made anew (default 600).
     :param memory_budget_mb: the most the ready sandboxes may hold together,
         MiB: no refill starts that would take them past it (default: none).
+    :param env_at_claim: variables a run's ``env`` may set, change or remove
+        and still run warm (default: none), such as ``["TASK_ID"]``. Only
+        names nothing reads before the code starts: the interpreter, the
+        preload and C libraries read some at start-up, so a name known to be
+        (``PYTHONPATH``, ``LD_PRELOAD``, ``OMP_NUM_THREADS``, ``LANG``,
+        ``TZ``...) raises ``PolicyError``.
     :param settings: every setting of ``Sandbox`` (``mem_mb``, ``timeout_s``,
         ``env``...), for every sandbox of the pool; ``with_packages`` aside.
     :raises PolicyError: a setting cannot be used; the message says which and why.
@@ -83,6 +91,7 @@ class Pool(_Closable):
         preload: Optional[Iterable[str]] = None,
         idle_expiry_s: Optional[float] = None,
         memory_budget_mb: Optional[int] = None,
+        env_at_claim: Optional[Iterable[str]] = None,
         image: str = "python-data",
         audit: Union[bool, str, "os.PathLike[str]", None] = None,
         **settings: Any,
@@ -98,6 +107,11 @@ class Pool(_Closable):
             raise PolicyError(f"idle_expiry_s takes a number of seconds (got {idle_expiry_s!r})")
         if isinstance(memory_budget_mb, bool) or not isinstance(memory_budget_mb, (int, type(None))):
             raise PolicyError(f"memory_budget_mb takes a number of MiB (got {memory_budget_mb!r})")
+        if isinstance(env_at_claim, str):
+            raise PolicyError(f"env_at_claim takes a list of variable names: env_at_claim=[{env_at_claim!r}]")
+        names = None if env_at_claim is None else list(env_at_claim)
+        if names is not None and not all(isinstance(n, str) for n in names):
+            raise PolicyError(f"env_at_claim takes a list of variable names (got {names!r})")
         _check_image(image)
         spec_json = _spec_json(settings)
         try:
@@ -109,6 +123,7 @@ class Pool(_Closable):
                 None if idle_expiry_s is None else float(idle_expiry_s),
                 memory_budget_mb,
                 _audit_store(audit),
+                names,
             )
         except PolicyError as error:
             raise PolicyError(_in_keyword_terms(str(error))) from None

@@ -28,10 +28,11 @@ impl NativePool {
     /// image `image` (built first if it is the default image and missing),
     /// each importing `preload` (`None`: the default preload) before it
     /// waits; one ready longer than `idle_expiry_s` is made anew; no refill
-    /// takes the ready ones past `memory_budget_mb`. Returns at once: the
-    /// pool fills in the background.
+    /// takes the ready ones past `memory_budget_mb`; a run may set the
+    /// variables `env_at_claim` names warm. Returns at once: the pool fills
+    /// in the background.
     #[new]
-    #[pyo3(signature = (spec_json, image, size, preload=None, idle_expiry_s=None, memory_budget_mb=None, audit=None))]
+    #[pyo3(signature = (spec_json, image, size, preload=None, idle_expiry_s=None, memory_budget_mb=None, audit=None, env_at_claim=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one for one
     fn new(
         py: Python<'_>,
@@ -42,8 +43,9 @@ impl NativePool {
         idle_expiry_s: Option<f64>,
         memory_budget_mb: Option<u64>,
         audit: Option<&str>,
+        env_at_claim: Option<Vec<String>>,
     ) -> PyResult<NativePool> {
-        let keep = Keep { size, preload, idle_expiry_s, memory_budget_mb };
+        let keep = Keep { size, preload, idle_expiry_s, memory_budget_mb, env_at_claim };
         let pool = py.detach(|| create(spec_json, image, keep, audit)).map_err(|f| f.into_py(py))?;
         Ok(NativePool { pool: Mutex::new(Some(Arc::new(pool))) })
     }
@@ -132,10 +134,11 @@ struct Keep {
     preload: Option<Vec<String>>,
     idle_expiry_s: Option<f64>,
     memory_budget_mb: Option<u64>,
+    env_at_claim: Option<Vec<String>>,
 }
 
 fn create(spec_json: &str, image: &str, keep: Keep, audit: Option<&str>) -> Result<airlock::Pool, Failure> {
-    let Keep { size, preload, idle_expiry_s, memory_budget_mb } = keep;
+    let Keep { size, preload, idle_expiry_s, memory_budget_mb, env_at_claim } = keep;
     let spec = parse_spec(spec_json)?;
     if spec.with_packages.as_ref().is_some_and(|packages| !packages.is_empty()) {
         return Err(Failure::new(
@@ -159,11 +162,23 @@ fn create(spec_json: &str, image: &str, keep: Keep, audit: Option<&str>) -> Resu
         }
         mb => mb.map(|mb| mb.saturating_mul(1 << 20)),
     };
-    let options = PoolOptions { size, preload: preload.unwrap_or(defaults.preload), idle_expiry, memory_budget };
+    let options = PoolOptions {
+        size,
+        preload: preload.unwrap_or(defaults.preload),
+        idle_expiry,
+        memory_budget,
+        env_at_claim: env_at_claim.unwrap_or_default(),
+    };
     if let Some(bad) = options.bad_preload() {
         return Err(Failure::new(
             Kind::Policy,
             format!("preload: {bad:?} is not a module name (like \"pandas\" or \"matplotlib.pyplot\")"),
+        ));
+    }
+    if let Some((name, why)) = options.refused_env_at_claim() {
+        return Err(Failure::new(
+            Kind::Policy,
+            format!("env_at_claim: {name:?} cannot be set at a claim: {why}; take it out"),
         ));
     }
     let audit = audit.map(open_audit).transpose()?;

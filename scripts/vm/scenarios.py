@@ -5,9 +5,13 @@ guest's airlock-vmtest.service (scripts/vm-test); uses only the guest's
 /usr/bin/python3 and airlock's binaries from the checkout.
 
   root-v2         root on pure cgroup v2: memory kill reported as memory_limit,
-                  the pids and CPU caps, nothing left behind
+                  the pids and CPU caps, nothing left behind; then the pool
+                  (`airlock serve` with [pool] size = 2): runs served warm,
+                  one killed at a lowered memory limit, and after shutdown
+                  no process, cgroup or mount left
   user-systemd    an ordinary user in a session scope: a scope delegated by
-                  the user's systemd instance, the same limits, no root
+                  the user's systemd instance, the same limits and the same
+                  pool, no root
   userns-off      kernel.unprivileged_userns_clone=0: the run is refused
                   naming the fix, and `airlock doctor` says the same
   landlock-6.1    the record says which Landlock ABI was in force
@@ -22,6 +26,7 @@ guest's airlock-vmtest.service (scripts/vm-test); uses only the guest's
                   a memory kill reported as memory_limit
 """
 
+import hashlib
 import json
 import os
 import pwd
@@ -29,6 +34,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 CHECKOUT = os.environ["AIRLOCK_CHECKOUT"]
 BIN = os.path.join(CHECKOUT, "target", os.environ.get("AIRLOCK_VM_PROFILE", "debug"))
@@ -165,9 +171,133 @@ def cpu_cap(**kw):
     return throttled
 
 
+# The pool's preload: modules the guest's interpreter has (it is the host's
+# /usr/bin/python3, which has no numpy or pandas), enough to tell a warm
+# interpreter from a cold one.
+POOL_PRELOAD = ["json", "decimal", "csv"]
+POOL_TOKEN = "vm-pool-token"
+
+
+def descendants(root):
+    """Every process below `root` now, as (pid, start time)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{name}/stat").read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append((int(name), fields[19]))
+    found, todo = [], [root]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            found.append((pid, start))
+            todo.append(pid)
+    return found
+
+
+def still_running(pid, start):
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[19] == start
+    except OSError:
+        return False
+
+
+def airlock_mounts():
+    return [line for line in open("/proc/self/mountinfo") if "airlock" in line and " - cgroup" not in line]
+
+
+def pool(**kw):
+    """`airlock serve` with [pool] size = 2 on the guest's interpreter: runs
+    served warm (`start: pooled`, the preload already imported), one killed
+    at a memory limit lowered at its claim, and after SIGTERM no process,
+    cgroup (airlock's run cgroups, its systemd scopes) or mount left."""
+    began = time.monotonic()
+    home = kw.get("home", "/tmp/airlock-root")
+    config = os.path.join(home, "pool.toml")
+    with open(config, "w") as f:
+        f.write(f'listen = "127.0.0.1:0"\npython = "/usr/bin/python3"\naudit_db = "{home}/pool-audit.sqlite3"\n'
+                f"[defaults]\ntimeout_s = 120\ncpu_time_s = 300\n[ceiling]\ntimeout_s = 120\ncpu_time_s = 300\n"
+                f"[pool]\nsize = 2\npreload = {json.dumps(POOL_PRELOAD)}\n"
+                f'[[tokens]]\nname = "vm"\nsha256 = "{hashlib.sha256(POOL_TOKEN.encode()).hexdigest()}"\n')
+    os.chmod(config, 0o644)
+    mounts_before = airlock_mounts()
+    line, env = command(["serve", "--config", config], **kw)
+    server = subprocess.Popen(line, env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        address = None
+        for text in server.stderr:
+            if text.startswith("airlock: serving http://"):
+                address = text.split("http://")[1].split()[0]
+                break
+        if address is None:
+            raise Failed(f"pool: the server did not start (exit {server.wait()})")
+
+        def call(path, body=None):
+            request = urllib.request.Request(f"http://{address}{path}", headers={
+                "Authorization": f"Bearer {POOL_TOKEN}", "Content-Type": "application/json"},
+                data=None if body is None else json.dumps(body).encode())
+            with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+                return response.read().decode()
+
+        def wait_ready(n):
+            deadline = time.monotonic() + TIMEOUT
+            while time.monotonic() < deadline:
+                ready = [l for l in call("/metrics").splitlines() if l.startswith("airlock_pool_ready ")]
+                if ready and int(ready[0].split()[1]) >= n:
+                    return
+                time.sleep(0.2)
+            raise Failed(f"the pool did not reach {n} ready: {call('/metrics')[-600:]}")
+
+        probe = f"import sys\nprint(all(m in sys.modules for m in {POOL_PRELOAD!r}))"
+        wait_ready(2)
+        warm = []
+        for _ in range(3):
+            wait_ready(1)
+            record = json.loads(call("/v1/runs", {"code": probe}))
+            check(record["usage"].get("start") == "pooled",
+                  f"pool: not pooled: {record['usage'].get('start')}: {record['isolation']['details'].get('pool')}")
+            check(record["status"] == "ok" and record["stdout"] == "True\n",
+                  f"pool: {record['status']} {record['stdout']!r}: {record.get('message')} {record['stderr'][-300:]}")
+            warm.append(record["usage"].get("first_instruction_ms"))
+        wait_ready(1)
+        killed = json.loads(call("/v1/runs", {
+            "code": "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))", "policy": {"memory_mb": 96}}))
+        check(killed["usage"].get("start") == "pooled",
+              f"pool: memory run not pooled: {killed['isolation']['details'].get('pool')}")
+        check(killed["status"] == "memory_limit", f"pool: memory run {killed['status']}: {killed.get('message')}")
+        cgroup_route = killed["isolation"]["details"].get("cgroup_route", "")
+        wait_ready(2)
+        started = descendants(server.pid)
+        check(len(started) >= 2, f"pool: two ready sandboxes, but the server has {len(started)} processes")
+        server.terminate()
+        check(server.wait(timeout=TIMEOUT) == 0, f"pool: the server's exit {server.returncode}")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    procs, cgroups = [], []
+    for _ in range(50):
+        procs = [pid for pid, start in started if still_running(pid, start)]
+        cgroups = [c for c in run_cgroups() if f"airlock-{server.pid}-" in c] + subprocess.run(
+            ["find", "/sys/fs/cgroup", "-type", "d", "-name", "airlock-*.scope"], capture_output=True, text=True
+        ).stdout.split()
+        mounts = [m for m in airlock_mounts() if m not in mounts_before]
+        if not procs and not cgroups and not mounts:
+            break
+        time.sleep(0.1)
+    check(not procs and not cgroups and not mounts,
+          f"pool: left behind: processes {procs}, cgroups {cgroups}, mounts {mounts}")
+    return f"pool of 2 ({','.join(POOL_PRELOAD)}) in {time.monotonic() - began:.1f}s: 3 runs pooled (first instruction {warm} ms), " \
+           f"memory_limit at a claimed 96 MiB, {len(started)} processes, after SIGTERM nothing left; {cgroup_route}"
+
+
 def root_v2():
     os.makedirs("/tmp/airlock-root", exist_ok=True)
-    return limits("the system's systemd delegated")
+    summary = limits("the system's systemd delegated")
+    return f"{summary}; {pool()}"
 
 
 def add_user():
@@ -192,7 +322,8 @@ def add_user():
 
 def user_systemd():
     home = add_user()
-    return limits("the user's systemd", user=USER, home=home, scope=True)
+    summary = limits("the user's systemd", user=USER, home=home, scope=True)
+    return f"{summary}; {pool(user=USER, home=home, scope=True)}"
 
 
 def userns_off():

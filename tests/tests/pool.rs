@@ -18,6 +18,7 @@ fn pool(policy: Policy, size: usize, preload: &[&str]) -> Pool {
         preload: preload.iter().map(|m| m.to_string()).collect(),
         idle_expiry: Duration::from_secs(600),
         memory_budget: None,
+        env_at_claim: Vec::new(),
     };
     let pool = Pool::with_backend(linux(), policy, data_image(), options, None);
     assert!(pool.wait_ready(size, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
@@ -232,6 +233,7 @@ fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
         preload: vec!["airlock_no_such_module".to_owned()],
         idle_expiry: Duration::from_secs(600),
         memory_budget: None,
+        env_at_claim: Vec::new(),
     };
     let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -329,6 +331,7 @@ fn a_pool_stays_within_its_memory_budget() {
         preload: ["numpy", "pandas"].map(String::from).to_vec(),
         idle_expiry: Duration::from_secs(600),
         memory_budget: Some(each * 5 / 2),
+        env_at_claim: Vec::new(),
     };
     let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
     assert!(pool.wait_ready(2, Duration::from_secs(120)), "{:?}", pool.stats());
@@ -361,4 +364,82 @@ fn a_run_with_extra_packages_goes_cold_through_the_image_that_has_them() {
     assert!(plain.is_err(), "a package no image has was given to a plain sandbox: {plain:?}");
     assert_eq!(pooled, plain, "the pooled sandbox did not take the plain sandbox's way to its packages");
     assert_eq!(pool.stats().ready, 1, "a ready sandbox was spent on a run it cannot serve: {:?}", pool.stats());
+}
+
+/// A pool whose runs may set `TASK_ID` at the claim, its own value "pool".
+fn pool_with_task_id(env_at_claim: &[&str]) -> (Pool, Policy) {
+    let mut policy = Policy::default();
+    policy.env.insert("TASK_ID".to_owned(), "pool".to_owned());
+    let options = PoolOptions {
+        size: 1,
+        preload: vec!["json".to_owned()],
+        env_at_claim: env_at_claim.iter().map(|name| name.to_string()).collect(),
+        ..PoolOptions::default()
+    };
+    let pool = Pool::with_backend(linux(), policy.clone(), data_image(), options, None);
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
+    (pool, policy)
+}
+
+/// What the code sees of TASK_ID: in Python, and in a child process (the
+/// driver's os.environ also calls putenv).
+const SEE_TASK_ID: &str = "import os, subprocess\nprint(os.environ.get('TASK_ID'), subprocess.run(['sh', '-c', 'echo ${TASK_ID-unset}'], capture_output=True, text=True).stdout.strip())";
+
+/// A variable the operator lists in env_at_claim is set warm, after the
+/// claim and before the code: the code and its children see the run's
+/// value, the record shows it, and the next run of the same pool sees the
+/// pool's again; a run may remove it too. Before env_at_claim a run whose
+/// env differed from the pool's ran cold (this test's first assertion).
+#[test]
+fn a_variable_the_pool_lists_reaches_the_code_warm_and_no_later_run() {
+    let _alone = exclusive();
+    let (pool, policy) = pool_with_task_id(&["TASK_ID"]);
+    let mut own = policy.clone();
+    own.env.insert("TASK_ID".to_owned(), "run-1".to_owned());
+    let record = pool.run(&own, &[], &RunRequest::python(SEE_TASK_ID)).unwrap();
+    assert_eq!(pooled_ok(&record), "run-1 run-1");
+    assert_eq!(record.policy.env.as_ref().and_then(|env| env.get("TASK_ID")).map(String::as_str), Some("run-1"));
+
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "no refill: {:?}", pool.stats());
+    let record = pool.run(&policy, &[], &RunRequest::python(SEE_TASK_ID)).unwrap();
+    assert_eq!(pooled_ok(&record), "pool pool", "the next run saw the previous run's value");
+
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "no refill: {:?}", pool.stats());
+    let mut without = policy.clone();
+    without.env.remove("TASK_ID");
+    let record = pool.run(&without, &[], &RunRequest::python(SEE_TASK_ID)).unwrap();
+    assert_eq!(pooled_ok(&record), "None unset");
+    assert_eq!(pool.stats().hits, 3);
+}
+
+/// Any other difference in the environment still goes cold, with a reason
+/// that names the variable and how to allow it; so does a name read at
+/// start-up that a pool made without Pool::new's check lists.
+#[test]
+fn a_variable_the_pool_does_not_list_goes_cold_and_says_how_to_allow_it() {
+    let _alone = exclusive();
+    let (pool, policy) = pool_with_task_id(&["TASK_ID", "PYTHONHASHSEED"]);
+    for (name, value) in [("OTHER_ID", "x"), ("PYTHONHASHSEED", "0")] {
+        let mut other = policy.clone();
+        other.env.insert(name.to_owned(), value.to_owned());
+        let code = format!("import os\nprint(os.environ['{name}'])");
+        let record = pool.run(&other, &[], &RunRequest::python(&code)).unwrap();
+        assert_eq!(record.usage.start, Some(RunStart::Cold), "{name} was set warm");
+        assert_eq!((record.status, record.stdout.trim()), (Status::Ok, value));
+        let why = record.isolation.details.get("pool").cloned().unwrap_or_default();
+        assert!(why.contains(name) && why.contains("env_at_claim"), "{name}: {why}");
+    }
+    assert_eq!(pool.stats().ready, 1, "a ready sandbox was spent on a run it cannot serve: {:?}", pool.stats());
+}
+
+/// A name known to be read at start-up is refused in env_at_claim when the
+/// pool is made, with the reason and the fix.
+#[test]
+fn a_name_read_at_start_up_is_refused_in_env_at_claim() {
+    for name in ["LD_PRELOAD", "PYTHONPATH", "OMP_NUM_THREADS", "LANG", "TZ", "TASK-ID"] {
+        let options =
+            PoolOptions { env_at_claim: vec!["TASK_ID".to_owned(), name.to_owned()], ..PoolOptions::default() };
+        let refused = Pool::new(Policy::default(), Some(data_image()), options).unwrap_err().to_string();
+        assert!(refused.contains(name) && refused.contains("env_at_claim"), "{name}: {refused}");
+    }
 }

@@ -131,6 +131,10 @@ pub struct Claim {
     /// the sandbox's own.
     pub memory_bytes: Option<u64>,
     pub pids: Option<u32>,
+    /// Variables the driver sets (`Some`) or removes (`None`) before the
+    /// code's first byte, where the run's environment differs from the
+    /// warm sandbox's in names its pool lets a claim set.
+    pub env: Vec<(String, Option<String>)>,
     pub kill: KillSwitch,
     /// When the run was asked for.
     pub requested_at: std::time::Instant,

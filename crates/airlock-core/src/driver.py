@@ -27,9 +27,10 @@
 # With READY_PATH (a FIFO), the driver writes b"C" there just before the
 # code's first instruction. A warm driver (a pooled sandbox, made before any
 # run claimed it) first imports each PRELOAD module, writes b"P", and then
-# blocks on CODE_PATH, a FIFO, until the run's code arrives: a line of three
-# lengths, then the display name, the working directory and the code. The
-# supervisor keeps the clocks from that moment on.
+# blocks on CODE_PATH, a FIFO, until the run's code arrives: a line of four
+# lengths, then the display name, the working directory, the variables the
+# run sets (NAME=VALUE) or removes (NAME), each ended by a NUL, and the code.
+# The supervisor keeps the clocks from that moment on.
 
 import sys
 
@@ -149,7 +150,9 @@ def _register_display(state):
 
 def _receive(path):
     """A warm driver's code, from the FIFO the supervisor writes once a run
-    claims the sandbox; moves to the run's working directory."""
+    claims the sandbox; moves to the run's working directory and sets the
+    run's variables (os.environb calls putenv and unsetenv, so the code's
+    child processes and its C libraries see them too)."""
     import os
 
     fd = os.open(path, os.O_RDONLY)
@@ -171,8 +174,14 @@ def _receive(path):
             parts.append(part)
     finally:
         os.close(fd)
-    name, cwd, source = parts
+    name, cwd, env, source = parts
     os.chdir(cwd.decode())
+    for change in env.split(b"\0")[:-1]:
+        key, is_set, value = change.partition(b"=")
+        if is_set:
+            os.environb[key] = value
+        else:
+            os.environb.pop(key, None)
     return source, name.decode()
 
 

@@ -146,13 +146,24 @@ pub mod files_in_base64 {
     }
 }
 
-/// What a warm driver reads from [`CODE_FIFO`] for `job`: a line of three
-/// lengths, then the display name, the working directory and the code.
-pub fn feed(job: &Job) -> Vec<u8> {
+/// What a warm driver reads from [`CODE_FIFO`] for `job`: a line of four
+/// lengths, then the display name, the working directory, the variables
+/// to set (`NAME=VALUE`) or remove (`NAME`) before the code, each ended by
+/// a NUL (neither a name nor a value holds one), and the code.
+pub fn feed(job: &Job, env: &[(String, Option<String>)]) -> Vec<u8> {
     let cwd = job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string);
     let name = job.display_name();
-    let mut bytes = format!("{} {} {}\n", name.len(), cwd.len(), job.code.len()).into_bytes();
-    for part in [name, cwd.as_str(), job.code.as_str()] {
+    let mut changes = String::new();
+    for (key, value) in env {
+        changes.push_str(key);
+        if let Some(value) = value {
+            changes.push('=');
+            changes.push_str(value);
+        }
+        changes.push('\0');
+    }
+    let mut bytes = format!("{} {} {} {}\n", name.len(), cwd.len(), changes.len(), job.code.len()).into_bytes();
+    for part in [name, cwd.as_str(), changes.as_str(), job.code.as_str()] {
         bytes.extend_from_slice(part.as_bytes());
     }
     bytes

@@ -28,6 +28,13 @@ pub enum Stop {
     /// Its socket buffers reached the memory cap (cgroup v1 counts them
     /// apart from the rest of its memory).
     SocketMemory,
+    /// It asked for memory past its limit, and the interpreter's host (the
+    /// wasm worker's limiter) refused it and stopped the run.
+    MemoryRefused,
+    /// Its files passed the disk cap, or their count the inode cap, where
+    /// airlock measures them (no tmpfs holds them).
+    Disk,
+    Inodes,
 }
 
 /// How the code's process ended.
@@ -35,6 +42,9 @@ pub enum Stop {
 pub enum CodeEnd {
     Exited(i32),
     Signalled(i32),
+    /// Its interpreter stopped on a fault of the code's own making (a
+    /// WebAssembly trap), with neither an exit status nor a signal.
+    Trapped,
     /// Airlock did not see it end: its own machinery failed first (a
     /// failure says why).
     #[default]
@@ -122,6 +132,21 @@ pub fn classify(seen: &Observations, limits: &Limits) -> Verdict {
                 ),
             )
         }
+        (Some(Stop::MemoryRefused), _) => {
+            hit.insert(Limit::Memory);
+            (
+                Status::MemoryLimit,
+                format!("stopped when it asked for memory past its limit of {} MiB", limits.memory_bytes >> 20),
+            )
+        }
+        (Some(Stop::Disk), _) => {
+            hit.insert(Limit::Disk);
+            (Status::Failed, format!("stopped when its files passed the disk cap of {} MiB", limits.disk_bytes >> 20))
+        }
+        (Some(Stop::Inodes), _) => {
+            hit.insert(Limit::Inodes);
+            (Status::Failed, format!("stopped when its files and folders passed the cap of {}", limits.disk_inodes))
+        }
         (Some(Stop::Requested), _) => (Status::InternalError, "stopped on request before it finished".to_owned()),
         (None, CodeEnd::Unknown | CodeEnd::Signalled(SIGKILL)) if seen.oom_killed => (
             Status::MemoryLimit,
@@ -143,7 +168,7 @@ pub fn classify(seen: &Observations, limits: &Limits) -> Verdict {
             (Status::Failed, String::new())
         }
         (None, CodeEnd::Exited(0)) => (Status::Ok, String::new()),
-        (None, CodeEnd::Exited(_) | CodeEnd::Signalled(_)) => (Status::Failed, String::new()),
+        (None, CodeEnd::Exited(_) | CodeEnd::Signalled(_) | CodeEnd::Trapped) => (Status::Failed, String::new()),
     };
     let status = if seen.failures.is_empty() { status } else { Status::InternalError };
     let parts: Vec<&str> = std::iter::once(why.as_str())
@@ -244,6 +269,16 @@ mod tests {
             ),
             ("file size", signalled(SIGXFSZ), Status::Failed, vec![Disk], ""),
             ("socket buffers", stopped(Stop::SocketMemory), Status::MemoryLimit, vec![Memory], "socket buffers"),
+            (
+                "memory refused by the worker",
+                Observations { stop: Some(Stop::MemoryRefused), code: CodeEnd::Trapped, ..Observations::default() },
+                Status::MemoryLimit,
+                vec![Memory],
+                "past its limit of 512 MiB",
+            ),
+            ("disk, measured", stopped(Stop::Disk), Status::Failed, vec![Disk], "disk cap"),
+            ("inodes, measured", stopped(Stop::Inodes), Status::Failed, vec![Inodes], "files and folders"),
+            ("a trap", Observations { code: CodeEnd::Trapped, ..Observations::default() }, Status::Failed, vec![], ""),
             ("stopped on request", stopped(Stop::Requested), Status::InternalError, vec![], "on request"),
             (
                 "airlock lost the code's end",
@@ -291,5 +326,6 @@ mod tests {
         assert_eq!((CodeEnd::Exited(2).exit_code(), CodeEnd::Exited(2).signal()), (Some(2), None));
         assert_eq!((CodeEnd::Signalled(9).exit_code(), CodeEnd::Signalled(9).signal()), (None, Some(9)));
         assert_eq!((CodeEnd::Unknown.exit_code(), CodeEnd::Unknown.signal()), (None, None));
+        assert_eq!((CodeEnd::Trapped.exit_code(), CodeEnd::Trapped.signal()), (None, None));
     }
 }

@@ -167,7 +167,7 @@ fn hold(
             }
             claimed = Some((reply, waited));
             Some(Release {
-                feed: driver::feed(&claim.job),
+                feed: driver::feed(&claim.job, &claim.env),
                 stdin: claim.job.stdin,
                 wall_time: claim.wall_time,
                 cpu_time: claim.cpu_time,

@@ -22,7 +22,9 @@ mod spec;
 
 pub use network::{DEFAULT_PORTS, HostPattern, HostRule, HostRuleError, normalize_name};
 pub use path::{SandboxPath, SandboxPathError, WORK_DIR};
-pub use policy::{BackendKind, HostFacts, Layer, Limits, NetworkPolicy, OutputOverflow, Policy, PolicyError};
+pub use policy::{
+    BackendKind, HostFacts, Layer, Limits, NetworkPolicy, OutputOverflow, Policy, PolicyError, is_env_key,
+};
 pub use record::{
     ArtifactRecord, DisplayResult, ErrorInfo, FigureRecord, ImageRef, InputRecord, Isolation, Language, Limit,
     NetworkEvent, NetworkRecord, NetworkVerdict, RECORD_SCHEMA_VERSION, ResultKind, RunRecord, RunStart, Status, Usage,

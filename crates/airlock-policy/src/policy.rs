@@ -578,7 +578,9 @@ fn is_package_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
 }
 
-fn is_env_key(key: &str) -> bool {
+/// Whether `key` can name an environment variable: letters, digits and `_`,
+/// not starting with a digit.
+pub fn is_env_key(key: &str) -> bool {
     let mut chars = key.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())

@@ -44,12 +44,17 @@
 //! memory_budget_mb = 1024       # the most the ready sandboxes hold together; no refill past it
 //!                               # [default: none]. Refills run one at a time: at most one
 //!                               # sandbox's CPU limit is spent on them
+//! env_at_claim = ["TASK_ID"]    # variables a run's env may set warm, at its claim [default: none];
+//!                               # only names nothing reads before the code starts: those known
+//!                               # to be read at start-up (PYTHON*, LD_*, OMP_*, LANG, TZ...) are
+//!                               # refused here
 //! ```
 //!
 //! A pooled run answers without paying for its interpreter and imports;
-//! only a run with the defaults' policy (its own files, code, input, and a
-//! lower timeout, CPU time, memory or process limit) can take a ready
-//! sandbox, any other runs cold (see `airlock::pool`).
+//! only a run with the defaults' policy (its own files, code, input, a
+//! lower timeout, CPU time, memory or process limit, and the variables
+//! `env_at_claim` lists) can take a ready sandbox, any other runs cold (see
+//! `airlock::pool`).
 //!
 //! A field left out of `[ceiling]` keeps the library's default as its
 //! ceiling, and one left out of `[defaults]` keeps the library's default; the
@@ -114,6 +119,7 @@ pub struct PoolConfig {
     pub preload: Option<Vec<String>>,
     pub idle_expiry_s: Option<f64>,
     pub memory_budget_mb: Option<u64>,
+    pub env_at_claim: Option<Vec<String>>,
 }
 
 /// The most sandboxes a pool keeps ready: each holds an interpreter with
@@ -365,12 +371,16 @@ fn check_pool(pool: &PoolConfig) -> Result<PoolOptions, ConfigError> {
         }
     };
     let preload = pool.preload.clone().unwrap_or(defaults.preload);
-    let options = PoolOptions { size, preload, idle_expiry, memory_budget };
+    let env_at_claim = pool.env_at_claim.clone().unwrap_or_default();
+    let options = PoolOptions { size, preload, idle_expiry, memory_budget, env_at_claim };
     if let Some(bad) = options.bad_preload() {
         return Err(invalid(
             "pool.preload",
             &format!("{bad:?} is not a module name (like \"pandas\" or \"matplotlib.pyplot\")"),
         ));
+    }
+    if let Some((name, why)) = options.refused_env_at_claim() {
+        return Err(invalid("pool.env_at_claim", &format!("{name:?} cannot be set at a claim: {why}; take it out")));
     }
     Ok(options)
 }
@@ -515,12 +525,17 @@ mod tests {
             .unwrap();
         assert_eq!((pool.size, pool.preload.len(), pool.idle_expiry), (4, 2, Duration::from_secs(30)));
         assert_eq!(pool.memory_budget, Some(300 << 20));
+        let pool = settings("[pool]\nenv_at_claim = [\"TASK_ID\"]").unwrap().pool.unwrap();
+        assert_eq!(pool.env_at_claim, ["TASK_ID"]);
         for (bad, setting) in [
             ("size = 1000", "pool.size"),
             ("preload = [\"os; import x\"]", "pool.preload"),
             ("preload = [\"\"]", "pool.preload"),
             ("idle_expiry_s = 0", "pool.idle_expiry_s"),
             ("memory_budget_mb = 0", "pool.memory_budget_mb"),
+            ("env_at_claim = [\"PYTHONPATH\"]", "PYTHON* variables at its start"),
+            ("env_at_claim = [\"TASK_ID\", \"OMP_NUM_THREADS\"]", "\"OMP_NUM_THREADS\" cannot be set at a claim"),
+            ("env_at_claim = [\"A=B\"]", "not a variable's name"),
         ] {
             let error = settings(&format!("[pool]\n{bad}")).unwrap_err().to_string();
             assert!(error.contains(setting), "{bad}: {error}");

@@ -1,13 +1,13 @@
 //! One wasm sandbox: its stage (the work directory and /tmp), held by the
 //! supervisor, and a fresh worker process for each guest run in it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use airlock_core::driver::{self, ReportCaps};
+use airlock_core::outcome::{self, CodeEnd, Observations};
 use airlock_core::{ArtifactError, Execution, Instance, Job, KillSwitch, Runtime, SandboxError};
 use airlock_linux::Hierarchy;
 use airlock_linux::confine::{self, CgroupLimits, CgroupStats, RunCgroup};
@@ -17,7 +17,7 @@ use airlock_policy::{Isolation, Language, Layer, Limit, Policy, SandboxPath, Sta
 use rustix::pipe::{PipeFlags, pipe_with};
 
 use crate::backend::{BACKEND, Loaded, interpreter_details};
-use crate::protocol::{GuestPlan, encode_filter};
+use crate::protocol::{GuestEnd, GuestPlan, encode_filter};
 use crate::stage::Stage;
 use crate::supervise::{self, Observed, PlanFds, Stop, Watch};
 
@@ -30,6 +30,8 @@ pub const WORKER_MEMORY_BYTES: u64 = 160 << 20;
 /// Threads the run's cgroup allows: the worker and the guest's process (the
 /// guest itself can make none).
 const WORKER_TASKS: u32 = 8;
+/// The signal a limit kills with: the kernel's OOM killer, the CPU rlimit's hard limit.
+const SIGKILL: i32 = 9;
 
 /// A sandbox made by [`crate::WasmBackend`].
 pub(crate) struct WasmInstance {
@@ -218,131 +220,92 @@ impl WasmInstance {
             return Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() });
         }
         let limits = &self.policy.limits;
-        let mut hit = BTreeSet::new();
-        if observed.stdout.truncated() || observed.stderr.truncated() {
-            hit.insert(Limit::Output);
-        }
         let end = observed.end.clone();
+        let oom_killed = stats.oom_kills > 0;
+        let reaped_signal = observed.reaped.and_then(|(_, signal)| signal);
+        let mut seen = Observations {
+            stop: match observed.stopped {
+                Some(Stop::WallTime) => Some(outcome::Stop::WallTime),
+                Some(Stop::CpuTime) => Some(outcome::Stop::CpuTime),
+                Some(Stop::Output) => Some(outcome::Stop::Output),
+                Some(Stop::Disk) => Some(outcome::Stop::Disk),
+                Some(Stop::Inodes) => Some(outcome::Stop::Inodes),
+                Some(Stop::Requested) => Some(outcome::Stop::Requested),
+                Some(Stop::SetupTimeout) => {
+                    return Err(SandboxError::Setup {
+                        step: "start the wasm worker".to_owned(),
+                        detail: format!("it was not ready within {:?}", supervise::SETUP_TIMEOUT),
+                    });
+                }
+                // The worker's limiter refused the guest memory past its limit.
+                None => end.as_ref().and_then(|e| e.memory_refused).map(|_| outcome::Stop::MemoryRefused),
+            },
+            code: match (&end, reaped_signal) {
+                // Killed after it reported, with the cgroup's OOM kill counted.
+                (Some(_), Some(SIGKILL)) if oom_killed => CodeEnd::Signalled(SIGKILL),
+                (Some(GuestEnd { trap: None, exit_code: Some(code), .. }), _) => CodeEnd::Exited(*code),
+                // A guest that neither exited nor trapped ended on a fault
+                // of its interpreter's.
+                (Some(_), _) => CodeEnd::Trapped,
+                // The guest cannot signal its process: a signal is a limit's
+                // (the kernel's OOM kill, the CPU rlimit) or the worker's end.
+                (None, Some(signal)) => CodeEnd::Signalled(signal),
+                (None, None) => CodeEnd::Unknown,
+            },
+            oom_killed,
+            cpu_used: stats.cpu_usage.or(observed.rusage_cpu),
+            ..Observations::default()
+        };
+        if observed.stdout.truncated() || observed.stderr.truncated() {
+            seen.reached.insert(Limit::Output);
+        }
         if end.as_ref().is_some_and(|e| e.open_files_hit) {
-            hit.insert(Limit::OpenFiles);
+            seen.reached.insert(Limit::OpenFiles);
         }
         let (disk_full, inodes_full) = self.stage.full(limits);
         if disk_full {
-            hit.insert(Limit::Disk);
+            seen.reached.insert(Limit::Disk);
         }
         if inodes_full {
-            hit.insert(Limit::Inodes);
+            seen.reached.insert(Limit::Inodes);
         }
-        let cpu = stats.cpu_usage.or(observed.rusage_cpu);
-        const SIGKILL: i32 = 9;
-        const SIGXCPU: i32 = 24;
-        let reaped_signal = observed.reaped.and_then(|(_, signal)| signal);
-        let oom = stats.oom_kills > 0;
-        let memory_refused = end.as_ref().and_then(|e| e.memory_refused);
-        let (status, limit, message) = match observed.stopped {
-            Some(Stop::WallTime) => (
-                Status::Timeout,
-                Some(Limit::WallTime),
-                format!("the run passed its wall-time limit of {} and was stopped", seconds(limits.wall_time)),
-            ),
-            Some(Stop::CpuTime) => (
-                Status::CpuLimit,
-                Some(Limit::CpuTime),
-                format!("the run used its CPU-time limit of {} and was stopped", seconds(limits.cpu_time)),
-            ),
-            Some(Stop::Output) => (
-                Status::OutputLimit,
-                Some(Limit::Output),
-                format!("the output passed its cap of {} bytes and the run was stopped", limits.output_bytes),
-            ),
-            Some(Stop::Disk) => (
-                Status::Failed,
-                Some(Limit::Disk),
-                format!(
-                    "the files written passed the disk cap of {} MiB and the run was stopped",
-                    limits.disk_bytes >> 20
-                ),
-            ),
-            Some(Stop::Inodes) => (
-                Status::Failed,
-                Some(Limit::Inodes),
-                format!(
-                    "the files made passed the cap of {} files and folders and the run was stopped",
-                    limits.disk_inodes
-                ),
-            ),
-            // As `airlock_core::outcome::classify` says it for the Linux backend.
-            Some(Stop::Requested) => (Status::InternalError, None, "stopped on request before it finished".to_owned()),
-            Some(Stop::SetupTimeout) => {
-                return Err(SandboxError::Setup {
-                    step: "start the wasm worker".to_owned(),
-                    detail: format!("it was not ready within {:?}", supervise::SETUP_TIMEOUT),
-                });
-            }
-            None if memory_refused.is_some() => (
-                Status::MemoryLimit,
-                Some(Limit::Memory),
-                format!(
-                    "the run asked for {} MiB of memory, past its limit of {} MiB, and was stopped",
-                    memory_refused.unwrap_or(0) >> 20,
-                    limits.memory_bytes >> 20
-                ),
-            ),
-            None if oom && (end.is_none() || reaped_signal == Some(SIGKILL)) => (
-                Status::MemoryLimit,
-                Some(Limit::Memory),
-                format!(
-                    "the worker passed the memory limit of {} MiB (and {} MiB for wasmtime itself) and the kernel \
-                     killed it",
-                    limits.memory_bytes >> 20,
-                    WORKER_MEMORY_BYTES >> 20
-                ),
-            ),
-            None if end.is_none()
-                && (reaped_signal == Some(SIGXCPU)
-                    || (reaped_signal == Some(SIGKILL) && cpu.is_some_and(|c| c >= limits.cpu_time))) =>
-            {
-                (
-                    Status::CpuLimit,
-                    Some(Limit::CpuTime),
-                    format!("the run used its CPU-time limit of {} and was stopped", seconds(limits.cpu_time)),
-                )
-            }
-            None => match &end {
-                None => {
-                    return Err(SandboxError::Setup {
-                        step: "run the guest".to_owned(),
-                        detail: format!(
-                            "the guest's process ended without reporting how the guest ended ({})",
-                            match observed.reaped {
-                                Some((_, Some(signal))) => format!("killed by signal {signal}"),
-                                Some((Some(code), None)) => format!("exit status {code}"),
-                                _ => "no wait status".to_owned(),
-                            }
-                        ),
-                    });
-                }
-                Some(end) => match (&end.trap, end.exit_code) {
-                    (Some(trap), _) => {
-                        (Status::Failed, None, format!("the interpreter stopped with a WebAssembly trap: {trap}"))
+        if let Some(asked) = end.as_ref().and_then(|e| e.memory_refused) {
+            seen.notes.push(format!("it asked for {} MiB", asked >> 20));
+        } else if let Some(trap) = end.as_ref().and_then(|e| e.trap.as_ref()) {
+            seen.notes.push(format!("the interpreter stopped with a WebAssembly trap: {trap}"));
+        }
+        if oom_killed {
+            seen.notes.push(format!(
+                "the worker's cgroup holds {} MiB more than the limit, for wasmtime itself",
+                WORKER_MEMORY_BYTES >> 20
+            ));
+        }
+        let verdict = outcome::classify(&seen, limits);
+        // Only a limit explains a guest whose worker did not say how it
+        // ended; anything else is the worker's failure, not the code's.
+        if end.is_none() && seen.stop.is_none() && !matches!(verdict.status, Status::MemoryLimit | Status::CpuLimit) {
+            return Err(SandboxError::Setup {
+                step: "run the guest".to_owned(),
+                detail: format!(
+                    "the guest's process ended without reporting how the guest ended ({})",
+                    match observed.reaped {
+                        Some((_, Some(signal))) => format!("killed by signal {signal}"),
+                        Some((Some(code), None)) => format!("exit status {code}"),
+                        _ => "no wait status".to_owned(),
                     }
-                    (None, Some(0)) => (Status::Ok, None, String::new()),
-                    (None, _) => (Status::Failed, None, String::new()),
-                },
-            },
-        };
-        if let Some(limit) = limit {
-            hit.insert(limit);
+                ),
+            });
         }
+        let cpu = seen.cpu_used;
         let report = match observed.report_refused {
             Some(problem) => Some(driver::DriverReport { problems: vec![problem], ..Default::default() }),
             None => (!observed.report.is_empty()).then(|| driver::parse_report(&observed.report, caps)),
         };
         let linear_peak = end.as_ref().map(|e| e.memory_peak).filter(|&peak| peak > 0);
         Ok(Execution {
-            status,
-            limits_hit: hit,
-            message: (!message.is_empty()).then_some(message),
+            status: verdict.status,
+            limits_hit: verdict.limits_hit,
+            message: verdict.message,
             exit_code: end.as_ref().and_then(|e| e.exit_code).filter(|_| observed.stopped.is_none()),
             signal: None,
             stdout: observed.stdout,
@@ -462,8 +425,4 @@ fn stdin_memfd(stdin: &[u8]) -> std::io::Result<OwnedFd> {
     file.write_all(stdin)?;
     std::io::Seek::rewind(&mut file)?;
     Ok(OwnedFd::from(file))
-}
-
-fn seconds(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
 }

@@ -27,10 +27,18 @@
 //! CPU time (both kept by the supervisor, from the release), and a lower
 //! memory or process limit (written into the sandbox's cgroup by the
 //! supervisor before the code's first byte, where the sandbox holds less
-//! than the new limit then; otherwise the run goes cold). Everything else
-//! in force since the sandbox started (the environment, CPUs, disk, output
-//! and file caps, the network, the image) must be the pool's, or the run
-//! goes cold.
+//! than the new limit then; otherwise the run goes cold), and the
+//! variables of the environment the operator lists in
+//! [`PoolOptions::env_at_claim`] (set by the driver after the claim, before
+//! the code's first byte). Everything else in force since the sandbox
+//! started (the rest of the environment, CPUs, disk, output and file caps,
+//! the network, the image) must be the pool's, or the run goes cold.
+//!
+//! The environment is allowed by name, never guessed: the interpreter reads
+//! some variables at its start, the preload's imports read others, and C
+//! code reads what no one can list, so no rule can tell which are safe to
+//! set late. Only the names the operator lists may differ; a name known to
+//! be read at start-up ([`READ_AT_START`]) is refused in the list.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +69,58 @@ pub struct PoolOptions {
     /// no budget. (Its CPU is bounded already: one refill at a time, each
     /// under its sandbox's own CPU limit.)
     pub memory_budget: Option<u64>,
+    /// Variables a run may set, change or remove at its claim, where its
+    /// environment differs from the pool's: the driver applies them
+    /// (`os.environ`, which calls `putenv`) after the claim, before the
+    /// code's first byte. Only names nothing reads before then belong here
+    /// (a task id, a request's name); a run whose environment differs in
+    /// any other runs cold. [`PoolOptions::refused_env_at_claim`] names
+    /// those known to be read at start-up, which [`Pool::new`] refuses.
+    pub env_at_claim: Vec<String>,
+}
+
+/// Variables read when an interpreter starts or its preload is imported,
+/// and by what (a `*` ends a prefix): too late to set at a claim, so never
+/// in [`PoolOptions::env_at_claim`]. Not a list of what is safe: C code
+/// reads variables no one can list, which is why the operator names the
+/// safe ones.
+pub const READ_AT_START: &[(&str, &str)] = &[
+    ("PYTHON*", "the interpreter reads PYTHON* variables at its start"),
+    ("LD_*", "the dynamic loader reads LD_* variables when the interpreter starts"),
+    ("GLIBC_TUNABLES", "the C library reads it when the interpreter starts"),
+    ("MALLOC_*", "the C library's allocator reads MALLOC_* variables at its start"),
+    ("OMP_*", "OpenMP reads OMP_* variables when numpy's BLAS loads"),
+    ("OPENBLAS_*", "OpenBLAS reads its variables when numpy loads it"),
+    ("GOTO_*", "OpenBLAS reads GOTO_* variables when numpy loads it"),
+    ("MKL_*", "MKL reads its variables when numpy loads it"),
+    ("BLIS_*", "BLIS reads its variables when numpy loads it"),
+    ("KMP_*", "Intel's OpenMP reads KMP_* variables when it loads"),
+    ("NUMEXPR_*", "numexpr reads its variables at its import"),
+    ("NUMPY_*", "numpy reads NUMPY_* variables at its import"),
+    ("MPL*", "matplotlib reads MPLBACKEND and MPLCONFIGDIR at its import"),
+    ("TZ", "the C library and pandas read the time zone when first used, often at import"),
+    ("TZDIR", "the C library reads it with the time zone"),
+    ("LANG", "the interpreter sets its locale and encodings from it at its start"),
+    ("LANGUAGE", "the C library reads it with the locale"),
+    ("LC_*", "the interpreter sets its locale and encodings from LC_* variables at its start"),
+    ("HOME", "the interpreter's site module and matplotlib read it at start-up"),
+    ("PATH", "the interpreter reads it at its start (sys.executable)"),
+    ("TMPDIR", "tempfile and the preload's imports read it once and keep it"),
+    ("TEMP", "tempfile reads it once and keeps it"),
+    ("TMP", "tempfile reads it once and keeps it"),
+    ("AIRLOCK_*", "airlock's own variables"),
+];
+
+/// What reads `name` before a warm sandbox's claim, if it is a name
+/// [`READ_AT_START`] lists.
+fn read_at_start(name: &str) -> Option<&'static str> {
+    READ_AT_START.iter().find_map(|(pattern, reader)| {
+        let listed = match pattern.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == *pattern,
+        };
+        listed.then_some(*reader)
+    })
 }
 
 impl PoolOptions {
@@ -76,6 +136,24 @@ impl PoolOptions {
         let part_ok = |part: &str| !part.is_empty() && part.chars().all(|c| c.is_alphanumeric() || c == '_');
         self.preload.iter().map(String::as_str).find(|m| m.is_empty() || !m.split('.').all(part_ok))
     }
+
+    /// The first name in [`PoolOptions::env_at_claim`] that cannot be set
+    /// at a claim, and why: not a variable's name, or read at start-up.
+    pub fn refused_env_at_claim(&self) -> Option<(&str, String)> {
+        self.env_at_claim.iter().find_map(|name| {
+            if !airlock_policy::is_env_key(name) {
+                return Some((name.as_str(), "it is not a variable's name (letters, digits and '_')".to_owned()));
+            }
+            read_at_start(name).map(|reader| {
+                (name.as_str(), format!("{reader}, before a claim could set it; a run that sets it runs cold"))
+            })
+        })
+    }
+
+    /// Whether a run may set `name` at its claim.
+    fn may_set_at_claim(&self, name: &str) -> bool {
+        read_at_start(name).is_none() && self.env_at_claim.iter().any(|listed| listed == name)
+    }
 }
 
 impl Default for PoolOptions {
@@ -85,6 +163,7 @@ impl Default for PoolOptions {
             preload: PoolOptions::default_preload(),
             idle_expiry: Duration::from_secs(600),
             memory_budget: None,
+            env_at_claim: Vec::new(),
         }
     }
 }
@@ -177,6 +256,13 @@ impl Pool {
                 reason: "a pool's sandboxes hold its image alone; make the pool without with_packages, and the runs \
                          that ask for them run cold, on the image that has them"
                     .to_owned(),
+            }));
+        }
+        if let Some((name, why)) = options.refused_env_at_claim() {
+            return Err(Error::Sandbox(SandboxError::Unsupported {
+                backend: "airlock",
+                what: format!("let runs set {name} at their claim (env_at_claim)"),
+                reason: format!("{why}; take it out of env_at_claim"),
             }));
         }
         let backend = backend_for(policy.backend)?;
@@ -427,6 +513,7 @@ impl Instance for PooledInstance {
                         cpu_time: self.policy.limits.cpu_time,
                         memory_bytes: lowered.memory_bytes,
                         pids: lowered.pids,
+                        env: lowered.env,
                         kill: kill.clone(),
                         requested_at,
                     };
@@ -500,7 +587,6 @@ impl Shared {
         }
         let pool = &self.policy;
         let differs = [
-            ("env", policy.env != pool.env),
             ("network", policy.network != pool.network),
             ("backend", policy.backend != pool.backend),
             ("allow_degraded", policy.allow_degraded != pool.allow_degraded),
@@ -508,7 +594,39 @@ impl Shared {
         if let Some((field, _)) = differs.iter().find(|(_, differs)| *differs) {
             return Err(format!("its {field} differs from the pool's, and is in force from a sandbox's start"));
         }
-        limits_suit(&policy.limits, &pool.limits)
+        let lowered = limits_suit(&policy.limits, &pool.limits)?;
+        Ok(Lowered { env: self.env_at_claim(policy)?, ..lowered })
+    }
+
+    /// The variables a claim sets (`Some`) or removes (`None`) for a run
+    /// with `policy`, where its environment differs from the pool's; if a
+    /// name that differs is not one the run may set at its claim, why not.
+    fn env_at_claim(&self, policy: &Policy) -> Result<Vec<(String, Option<String>)>, String> {
+        let (run, pool) = (self.runtime.environment(policy), self.runtime.environment(&self.policy));
+        let names: std::collections::BTreeSet<&String> = run.keys().chain(pool.keys()).collect();
+        let mut changes = Vec::new();
+        for name in names {
+            let wanted = run.get(name);
+            if wanted == pool.get(name) {
+                continue;
+            }
+            if let Some(reader) = read_at_start(name) {
+                return Err(format!(
+                    "its env differs from the pool's in {name}, which is in force from a sandbox's start ({reader}) \
+                     and cannot be set at a claim, even when env_at_claim lists it"
+                ));
+            }
+            if !self.options.may_set_at_claim(name) {
+                return Err(format!(
+                    "its env differs from the pool's in {name}, which is in force from a sandbox's start; a pool \
+                     lets runs set it warm only when its operator lists it in env_at_claim ([pool] env_at_claim, \
+                     PoolOptions::env_at_claim, Pool(env_at_claim=...)), which only a variable nothing reads \
+                     before the code starts belongs in"
+                ));
+            }
+            changes.push((name.clone(), wanted.cloned()));
+        }
+        Ok(changes)
     }
 
     /// Whether a ready sandbox can run `job` with `policy` (its limits may
@@ -626,11 +744,12 @@ impl Shared {
 }
 
 /// The limits a claim lowers in a ready sandbox, `None` where it keeps
-/// the pool's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// the pool's, and the variables it sets or removes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Lowered {
     memory_bytes: Option<u64>,
     pids: Option<u32>,
+    env: Vec<(String, Option<String>)>,
 }
 
 /// Whether a run's limits can be applied to a sandbox started with the
@@ -660,5 +779,6 @@ fn limits_suit(run: &Limits, pool: &Limits) -> Result<Lowered, String> {
     Ok(Lowered {
         memory_bytes: (run.memory_bytes < pool.memory_bytes).then_some(run.memory_bytes),
         pids: (run.pids < pool.pids).then_some(run.pids),
+        env: Vec::new(),
     })
 }
