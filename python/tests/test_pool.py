@@ -84,6 +84,20 @@ def test_settings_a_ready_sandbox_cannot_take_run_cold_and_say_why(pool):
     assert pool.run("1").usage.start == "pooled"
 
 
+def test_a_variable_env_at_claim_names_is_set_warm_and_no_other():
+    with Pool(size=1, preload=["json"], env_at_claim=["TASK_ID"]) as pool:
+        assert pool.wait_ready(1, FILL_S), pool.stats()
+        with pool.sandbox(env={"TASK_ID": "t-1"}) as sb:
+            out = sb.run("import os\nos.environ.get('TASK_ID')")
+        assert out.usage.start == "pooled", out.record["isolation"]
+        assert out.value == "'t-1'" and out.record["policy"]["env"] == {"TASK_ID": "t-1"}
+        assert pool.wait_ready(1, FILL_S), pool.stats()
+        with pool.sandbox(env={"OTHER": "x"}) as sb:
+            out = sb.run("import os\nos.environ.get('OTHER')")
+        assert out.usage.start == "cold" and out.value == "'x'"
+        assert "OTHER" in out.record["isolation"]["details"]["pool"], out.record["isolation"]["details"]
+
+
 def test_a_closed_pool_leaves_nothing_and_refuses_sandboxes():
     before = namespace_fds()
     pool = Pool(size=2, preload=["json"])
@@ -110,6 +124,8 @@ def test_a_closed_pool_leaves_nothing_and_refuses_sandboxes():
         ({"idle_expiry_s": 0}, "idle_expiry_s"),
         ({"memory_budget_mb": 0}, "memory_budget_mb"),
         ({"memory_budget_mb": "1G"}, "memory_budget_mb"),
+        ({"env_at_claim": "TASK_ID"}, "env_at_claim=\\['TASK_ID'\\]"),
+        ({"env_at_claim": ["LD_PRELOAD"]}, "env_at_claim: \"LD_PRELOAD\" cannot be set"),
         ({"with_packages": ["statsmodels"]}, "with_packages"),
         ({"mem_mb": 1}, "mem_mb"),
     ],
