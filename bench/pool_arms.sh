@@ -11,16 +11,21 @@
 #   3. the pandas job's sustained rate on THREADS threads for each of MODES
 #      (pooled, cold; forked once the pool has it), and its latency p50/p99
 #      at 50 % and 90 % of that rate;
-#   4. the memory a ready pool of 1 and of 8 holds.
+#   4. the memory a ready pool of 1 and of 8 holds;
+#   5. (ONLY=print-rust) print(1+1) pooled through the Rust library and
+#      POST /v1/runs against bare `python -c`, with no Python package in the
+#      way (crates/airlock/src/bin/pool_print_bench.rs; needs no PYTHON).
 # Bare Python is the python-data image's own venv (a clean venv of the same
 # interpreter, never the global pyenv python, whose .pth hook imports extra
 # modules at start-up). The library-only pandas figure (no Python in the
 # way) is bench/pool.sh's.
 #
 # usage: PYTHON=VENV/bin/python bench/pool_arms.sh [ROUNDS] [SECONDS] [THREADS]   (defaults 12 20 2)
-#   PYTHON: a python with the airlock package installed (pip install ./python);
+#   PYTHON: a python with the airlock package installed (pip install ./python),
+#     for every phase but print-rust;
 #   PROFILE=debug: the debug airlock binary for `airlock serve`;
-#   MODES="pooled cold": the throughput modes; ONLY="latency throughput memory".
+#   MODES="pooled cold": the throughput modes; ONLY="latency throughput memory"
+#     (the default), or any of them and print-rust.
 # Results (one JSON object a line) are appended to bench/results/pool-arms.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +35,16 @@ threads=${3:-2}
 profile=${PROFILE:-release}
 modes=${MODES:-pooled cold}
 only=${ONLY:-latency throughput memory}
-python=${PYTHON:?PYTHON must name a python with the airlock package installed}
 flag=--release
 [ "$profile" = debug ] && flag=
-cargo build $flag -q -p airlock-cli --bin airlock
+python=
+if [ "$only" = print-rust ]; then
+  # The workspace's features, so the library is the one the binaries use.
+  cargo build $flag -q --workspace --bins
+else
+  python=${PYTHON:?PYTHON must name a python with the airlock package installed}
+  cargo build $flag -q -p airlock-cli --bin airlock
+fi
 export AIRLOCK=$PWD/target/$profile/airlock
 export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-bench-home}
 [ -d "$AIRLOCK_HOME/images" ] || "$AIRLOCK" image build python-data >&2
@@ -73,6 +84,10 @@ for what in $only; do
     memory)
       note "memory of a ready pool of 1 and of 8"
       arms memory 1 8 ;;
+    print-rust)
+      note "latency, print(1+1), the Rust driver: bare python -c, library, http"
+      "target/$profile/pool_print_bench" "$rounds" python-data "$venv/bin/python" \
+        "$AIRLOCK" | tee -a "$out" ;;
   esac
 done
 echo "reproduce: PYTHON=$python PROFILE=$profile MODES=\"$modes\" bench/pool_arms.sh $rounds $seconds $threads   (AIRLOCK_HOME=$AIRLOCK_HOME)"

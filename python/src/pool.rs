@@ -102,7 +102,7 @@ impl NativePool {
     /// from the pool live on until closed. Closing twice is fine.
     fn close(&self, py: Python<'_>) {
         let taken = py.detach(|| self.pool.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
-        // The refill thread is joined when the last reference goes.
+        // Joins the refill and reaper threads: the sandboxes they held are gone when it returns.
         py.detach(move || {
             if let Some(pool) = taken {
                 pool.close();

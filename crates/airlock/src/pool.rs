@@ -20,6 +20,15 @@
 //! refills the pool in the background, one sandbox at a time (at most one
 //! CPU busy with it).
 //!
+//! A sandbox of the pool's (warm or cold) is destroyed off its caller's
+//! path: dropped, it goes to the pool's reaper thread, which closes its
+//! namespaces (unmounting its tmpfs) and gives its host ids back. Its run
+//! is over by then, every process of it reaped and its cgroup removed, and
+//! its record has all of it: what the reaper does observes nothing about
+//! the run. At most [`REAPING_AT_MOST`] wait for it; past that, the caller
+//! destroys its own. [`Pool::close`] (and dropping the pool) waits until
+//! every sandbox handed over is gone.
+//!
 //! A run never waits for the pool: when it is empty, or when the run cannot
 //! be served warm, it runs cold, and its record says why
 //! (`isolation.details.pool`). What a claim can change: the files, the code,
@@ -201,7 +210,8 @@ pub struct PoolStats {
 /// runtime. Dropping it destroys every ready sandbox.
 pub struct Pool {
     shared: Arc<Shared>,
-    refill: Option<JoinHandle<()>>,
+    /// The refill and reaper threads, joined by [`Pool::close`].
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct Shared {
@@ -215,6 +225,7 @@ struct Shared {
     hits: AtomicU64,
     misses: AtomicU64,
     unsuited: AtomicU64,
+    reaper: Reaper,
 }
 
 #[derive(Default)]
@@ -236,6 +247,68 @@ struct Entry {
 
 /// How long the refill thread rests after a failure before it tries again.
 const REFILL_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The most sandboxes whose run is over that wait for the reaper: what
+/// they still hold (their tmpfs, their host ids) stays bounded.
+pub const REAPING_AT_MOST: usize = 4;
+
+/// Destroys the pool's sandboxes whose run is over, on a thread of its own.
+#[derive(Default)]
+struct Reaper {
+    state: Mutex<Reaping>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Reaping {
+    waiting: VecDeque<Pooled>,
+    /// No thread takes any more: whoever hands one over destroys it.
+    closed: bool,
+}
+
+impl Reaper {
+    fn lock(&self) -> MutexGuard<'_, Reaping> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Destroys `sandbox` on the reaper's thread, or here when the reaper
+    /// is closed or has enough waiting.
+    fn hand_over(&self, sandbox: Pooled) {
+        let mut state = self.lock();
+        if state.closed || state.waiting.len() >= REAPING_AT_MOST {
+            drop(state);
+            drop(sandbox);
+            return;
+        }
+        state.waiting.push_back(sandbox);
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// The reaper's thread: destroys what is handed over, until closed
+    /// with nothing left.
+    fn reap(&self) {
+        let mut state = self.lock();
+        loop {
+            if let Some(sandbox) = state.waiting.pop_front() {
+                drop(state);
+                drop(sandbox);
+                state = self.lock();
+            } else if state.closed {
+                return;
+            } else {
+                state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+
+    /// No more is handed over; the thread ends once it has destroyed
+    /// what waits.
+    fn close(&self) {
+        self.lock().closed = true;
+        self.wake.notify_all();
+    }
+}
 
 impl Pool {
     /// A pool for `policy` running `runtime` (`None`: the default image,
@@ -292,13 +365,24 @@ impl Pool {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             unsuited: AtomicU64::new(0),
+            reaper: Reaper::default(),
         });
+        let mut threads = Vec::new();
         // A policy with extra packages suits no ready sandbox (`suits`):
         // making them would only hold memory.
-        let refill = shared.policy.with_packages.is_empty().then(|| shared.clone()).and_then(|refiller| {
-            std::thread::Builder::new().name("airlock-pool".to_owned()).spawn(move || refiller.refill()).ok()
-        });
-        Pool { shared, refill }
+        if shared.policy.with_packages.is_empty() {
+            let refiller = shared.clone();
+            threads.extend(
+                std::thread::Builder::new().name("airlock-pool".to_owned()).spawn(move || refiller.refill()).ok(),
+            );
+        }
+        let reaper = shared.clone();
+        match std::thread::Builder::new().name("airlock-reaper".to_owned()).spawn(move || reaper.reaper.reap()) {
+            Ok(thread) => threads.push(thread),
+            // No thread to hand them to: each caller destroys its own.
+            Err(_) => shared.reaper.close(),
+        }
+        Pool { shared, threads: Mutex::new(threads) }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -379,7 +463,9 @@ impl Pool {
     }
 
     /// Destroys every ready sandbox and stops making more; later runs are
-    /// cold. Dropping the pool does the same.
+    /// cold. Returns once the sandboxes ready, being made, or handed to the
+    /// reaper are gone (a sandbox taken and not yet dropped lives on, and
+    /// is destroyed where it is dropped). Dropping the pool does the same.
     pub fn close(&self) {
         let entries = {
             let mut state = self.shared.lock();
@@ -387,7 +473,12 @@ impl Pool {
             std::mem::take(&mut state.ready)
         };
         self.shared.wake.notify_all();
+        self.shared.reaper.close();
         drop(entries);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        for thread in threads {
+            let _ = thread.join();
+        }
     }
 
     /// Runs `request` with `policy` in [`Pool::sandbox`], `files` copied
@@ -557,12 +648,19 @@ fn spent() -> SandboxError {
     }
 }
 
+impl Drop for PooledInstance {
+    /// Its sandbox is destroyed by the reaper, off the caller's path.
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.state, Pooled::Spent) {
+            Pooled::Spent => {}
+            sandbox => self.shared.reaper.hand_over(sandbox),
+        }
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         self.close();
-        if let Some(thread) = self.refill.take() {
-            let _ = thread.join();
-        }
     }
 }
 
