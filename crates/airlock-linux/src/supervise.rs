@@ -233,7 +233,8 @@ pub fn run(
 ) -> io::Result<(Observed, Option<Ending>)> {
     let mut run = Run::start(helper, plan, sandbox, cgroup, watch, on_proxy)?;
     run.gate = gate;
-    while !run.helper_done && !(run.ended_at.is_some() && cgroup.is_some()) {
+    let over = |run: &Run<'_, '_, '_, '_>| run.helper_done || (run.ended_at.is_some() && cgroup.is_some());
+    while !over(&run) {
         run.turn();
     }
     Ok(run.finish())
