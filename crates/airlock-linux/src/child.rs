@@ -80,20 +80,24 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
     process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
     let (bytes, inodes) = (plan.tmpfs_bytes, plan.tmpfs_inodes);
-    let shown = match plan.ids {
+    let (shown, _built_in) = match plan.ids {
         // Root builds the root in a mount namespace of its own, with its
         // access to the host's files, every file of it the sandbox user's;
         // then becomes that user for good, who makes the user namespace (one
         // it owns: the kernel charges its per-user budgets to this id alone)
-        // with a copy of the finished root in it.
+        // with a copy of the finished root in it. The namespace it was built
+        // in is held until the sandbox is handed over, so that its teardown
+        // (its mounts, an RCU grace period) comes after the hand-over, which
+        // is all the supervisor waits for, not inside the unshare.
         IdMapping::Reserved { uid, gid } => {
             mounts::enter_private_namespace()?;
+            let built_in = userns::open_own("mnt")?;
             let trees = mounts::hide_host_paths(mounts::clone_binds(&plan.binds)?)?;
             mounts::build_root(bytes, inodes, &plan.layout, trees.trees, Some((uid, gid)))?;
             userns::become_host_ids(uid, gid)?;
             userns::enter_new(&plan.ids)?;
             userns::become_sandbox_user()?;
-            trees.host_paths_shown
+            (trees.host_paths_shown, Some(built_in))
         }
         // An ordinary user makes the namespace first (it needs no privilege
         // then), clones the trees with its own access to the host's files
@@ -105,7 +109,7 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
             userns::become_sandbox_user()?;
             let trees = mounts::hide_host_paths(clones)?;
             mounts::build_root(bytes, inodes, &plan.layout, trees.trees, None)?;
-            trees.host_paths_shown
+            (trees.host_paths_shown, None)
         }
     };
     // Again: the change of user cleared it.

@@ -56,7 +56,9 @@ pub struct Stage {
 /// `host_id` (the plan's ids are set from it).
 pub fn make_stage(helper: &Path, host_id: HostId, mut plan: SetupPlan) -> Result<Stage, SandboxError> {
     plan.ids = host_id.mapping.clone();
-    let ([user_ns, mount_ns, root, work, tmp], host_paths_shown) = crate::setup(helper, plan)?;
+    // No run of this stage has a helper to wait for: its setup helper is reaped now.
+    let ([user_ns, mount_ns, root, work, tmp], host_paths_shown, helper_ending) = crate::setup(helper, plan)?;
+    drop(helper_ending);
     let files = file_access(&host_id.mapping, helper, &user_ns)?;
     Ok(Stage { user_ns, mount_ns, root, work, tmp, host_paths_shown, files, host_id })
 }

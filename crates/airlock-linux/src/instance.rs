@@ -36,6 +36,11 @@ pub struct LinuxInstance {
     pub(crate) files: copy::FileAccess,
     /// Facts of this sandbox for every record's isolation details (its host ids...).
     pub(crate) details: std::collections::BTreeMap<String, String>,
+    /// Helpers whose work is done (the one that made the sandbox, the last
+    /// run's): the sandbox's start and its runs' records do not wait for
+    /// them to exit (see `supervise::run`). Reaped at the next run if they
+    /// have exited, and when the sandbox goes.
+    pub(crate) ending: std::sync::Mutex<Vec<supervise::Ending>>,
     /// The sandbox's host ids, held while it lives; last, so they are given
     /// back only once the namespaces above are closed.
     pub(crate) host_id: crate::hostid::HostId,
@@ -211,7 +216,8 @@ impl LinuxInstance {
             proxy = Some(started);
             ok
         };
-        let observed = supervise::run(
+        self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain_mut(|e| !e.try_reap());
+        let (observed, ending) = supervise::run(
             &self.helper,
             plan,
             SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd() },
@@ -221,6 +227,7 @@ impl LinuxInstance {
             warm.map(|w| w.gate),
         )
         .map_err(|e| SandboxError::io("running the sandbox", e))?;
+        self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(ending);
         if !observed.started {
             return Err(never_started(&observed, proxy));
         }

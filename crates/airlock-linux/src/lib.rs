@@ -168,7 +168,7 @@ impl Backend for LinuxBackend {
         };
         // A sandbox that cannot be made may mean the host changed since a
         // remembered trial: the next start probes again, and names the fix.
-        let ([user_ns, mount_ns, stage, work, tmp], host_paths_shown) =
+        let ([user_ns, mount_ns, stage, work, tmp], host_paths_shown, setup_helper) =
             setup(&helper, plan).inspect_err(|_| probe::forget_trial())?;
         let files = confine::file_access(&host_id.mapping, &helper, &user_ns)?;
         for (name, content) in &runtime.tmp_seed {
@@ -203,6 +203,7 @@ impl Backend for LinuxBackend {
             written: 0,
             files,
             details,
+            ending: std::sync::Mutex::new(vec![setup_helper]),
             host_id,
         }))
     }
@@ -257,22 +258,22 @@ fn hand_writable_to_sandbox(binds: &[protocol::Bind], ids: &hostid::IdMapping) -
 }
 
 /// Runs the helper's setup and returns the sandbox's descriptors (user ns,
-/// mount ns, stage root, /work, /tmp) and the host paths its mount table shows.
-fn setup(helper: &Path, plan: SetupPlan) -> Result<([OwnedFd; 5], Vec<String>), SandboxError> {
+/// mount ns, stage root, /work, /tmp), the host paths its mount table shows,
+/// and the helper, still ending: once it has handed the sandbox over it
+/// only closes what it built in, and is reaped when the sandbox goes.
+fn setup(helper: &Path, plan: SetupPlan) -> Result<([OwnedFd; 5], Vec<String>, supervise::Ending), SandboxError> {
     let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
-    let (mut child, ours) =
+    let (child, ours) =
         supervise::spawn_helper(helper, &[]).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
     let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
     let reply = sent.and_then(|()| supervise::recv_within(ours.as_fd(), supervise::SETUP_TIMEOUT));
-    if reply.is_err() {
-        // A helper stuck (on a hung mount, say) must not hold the caller forever.
-        let _ = child.kill();
-    }
-    let _ = child.wait();
+    // Killed and reaped unless it handed the sandbox over: a helper stuck (on
+    // a hung mount, say) must not hold the caller forever.
+    let ending = supervise::Ending(child);
     match reply {
         Ok(Some((Reply::SetupDone { host_paths_shown }, fds))) => fds
             .try_into()
-            .map(|fds| (fds, host_paths_shown))
+            .map(|fds| (fds, host_paths_shown, ending))
             .map_err(|fds: Vec<OwnedFd>| step(format!("the helper handed over {} descriptors, not 5", fds.len()))),
         Ok(Some((Reply::Failed(failure), _))) => {
             Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() })

@@ -212,6 +212,16 @@ pub fn recv_within(socket: BorrowedFd<'_>, timeout: Duration) -> io::Result<Opti
 /// even be started; after that, everything is in the [`Observed`].
 /// With a `gate`, the run is warm: the code's process starts at once and
 /// imports the preload, and the run waits in the gate for its claim.
+///
+/// The run is over when the helper reports the code's end: it has reaped
+/// the code and then the init, whose death the kernel completes only once
+/// every other process of the run is gone. What the helper does after that
+/// (closing the run's namespaces, which the kernel tears down, a mount
+/// namespace after an RCU grace period) is nothing the record observes, so
+/// the record does not wait for it: the helper is handed back, still
+/// ending, to be reaped later ([`Ending`]). Without a cgroup the run's CPU
+/// time is the helper's rusage, known only once it is reaped: then, and
+/// whenever the helper ends without that report, it is waited for here.
 pub fn run(
     helper: &Path,
     plan: RunPlan,
@@ -220,13 +230,35 @@ pub fn run(
     watch: &Watch<'_>,
     on_proxy: &mut ProxyStart<'_>,
     gate: Option<&mut Gate<'_>>,
-) -> io::Result<Observed> {
+) -> io::Result<(Observed, Option<Ending>)> {
     let mut run = Run::start(helper, plan, sandbox, cgroup, watch, on_proxy)?;
     run.gate = gate;
-    while !run.helper_done {
+    let over = |run: &Run<'_, '_, '_, '_>| run.helper_done || (run.ended_at.is_some() && cgroup.is_some());
+    while !over(&run) {
         run.turn();
     }
     Ok(run.finish())
+}
+
+/// A helper whose work is done (a run's, once it reported the code's end;
+/// a sandbox's, once it handed the sandbox over), closing what it holds.
+/// Dropping it reaps it: it is killed first, so that dropping it waits for
+/// nothing but the kernel.
+#[derive(Debug)]
+pub struct Ending(pub(crate) Child);
+
+impl Ending {
+    /// Reaps it if it has exited; whether it has.
+    pub fn try_reap(&mut self) -> bool {
+        self.0.try_wait().map_or(true, |status| status.is_some())
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Bytes written into a pipe as it takes them: the code's standard input,
@@ -717,14 +749,17 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         self.kill_now();
     }
 
-    /// The helper has exited, so every process of the run is gone and every
-    /// writer of the pipes closed: what is left in them is all there is.
-    fn finish(mut self) -> Observed {
-        // wait4 rather than Child::wait: its rusage sums the helper and every
-        // descendant it reaped, the CPU time of a run without a cgroup.
+    /// The helper reported the code's end or exited: either way every
+    /// process of the run is gone, and every writer of the pipes with it
+    /// (the helper gave its copies to the code): what is left in them is
+    /// all there is.
+    fn finish(mut self) -> (Observed, Option<Ending>) {
+        // Reaped here only once it has exited (see `run`). wait4 rather than
+        // Child::wait: its rusage sums the helper and every descendant it
+        // reaped, the CPU time of a run without a cgroup.
         let helper_pid = self.helper.id() as i32;
-        let helper_status = crate::sys::wait4_cpu_time(helper_pid);
-        self.observed.rusage_cpu = helper_status.as_ref().ok().map(|(cpu, _)| *cpu);
+        let helper_status = self.helper_done.then(|| crate::sys::wait4_cpu_time(helper_pid));
+        self.observed.rusage_cpu = helper_status.as_ref().and_then(|s| s.as_ref().ok()).map(|(cpu, _)| *cpu);
         self.on_socket();
         for stream in [Some(&mut self.stdout), Some(&mut self.stderr), self.report.as_mut()].into_iter().flatten() {
             stream.drain_rest(&self.null);
@@ -733,8 +768,9 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         let observed = &mut self.observed;
         if observed.started && observed.code_end.is_none() && observed.failures.is_empty() {
             let status = match &helper_status {
-                Ok((_, status)) => status.clone(),
-                Err(e) => e.to_string(),
+                Some(Ok((_, status))) => status.clone(),
+                Some(Err(e)) => e.to_string(),
+                None => "it is still running".to_owned(),
             };
             observed.failures.push(format!("the helper ended without reporting the code's end ({status})"));
         }
@@ -757,8 +793,8 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         }
         observed.stdout = self.stdout.finish();
         observed.stderr = self.stderr.finish();
-        drop(self.helper);
-        self.observed
+        let ending = (!self.helper_done).then_some(Ending(self.helper));
+        (self.observed, ending)
     }
 }
 
