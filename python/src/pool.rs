@@ -168,6 +168,7 @@ fn create(spec_json: &str, image: &str, keep: Keep, audit: Option<&str>) -> Resu
         idle_expiry,
         memory_budget,
         env_at_claim: env_at_claim.unwrap_or_default(),
+        mode: airlock::PoolMode::Pooled,
     };
     if let Some(bad) = options.bad_preload() {
         return Err(Failure::new(

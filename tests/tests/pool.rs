@@ -6,19 +6,25 @@
 
 use std::time::Duration;
 
-use airlock::{Policy, Pool, PoolOptions, RunRecord, RunRequest, RunStart, Status};
+use airlock::{Policy, Pool, PoolMode, PoolOptions, RunRecord, RunRequest, RunStart, Status};
 use airlock_tests::{data_image, exclusive, linux};
 
 /// A pool of `size` on the python-data image, filled before it is returned.
 /// Each test holds the run lock alone ([`exclusive`]): a pool's refills run
 /// in the background, and the leftovers check must see only its own.
 fn pool(policy: Policy, size: usize, preload: &[&str]) -> Pool {
+    pool_in(PoolMode::Pooled, policy, size, preload)
+}
+
+/// As [`pool`], its sandboxes made as `mode` says.
+fn pool_in(mode: PoolMode, policy: Policy, size: usize, preload: &[&str]) -> Pool {
     let options = PoolOptions {
         size,
         preload: preload.iter().map(|m| m.to_string()).collect(),
         idle_expiry: Duration::from_secs(600),
         memory_budget: None,
         env_at_claim: Vec::new(),
+        mode,
     };
     let pool = Pool::with_backend(linux(), policy, data_image(), options, None);
     assert!(pool.wait_ready(size, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
@@ -234,6 +240,7 @@ fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
         idle_expiry: Duration::from_secs(600),
         memory_budget: None,
         env_at_claim: Vec::new(),
+        mode: PoolMode::Pooled,
     };
     let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -332,6 +339,7 @@ fn a_pool_stays_within_its_memory_budget() {
         idle_expiry: Duration::from_secs(600),
         memory_budget: Some(each * 5 / 2),
         env_at_claim: Vec::new(),
+        mode: PoolMode::Pooled,
     };
     let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
     assert!(pool.wait_ready(2, Duration::from_secs(120)), "{:?}", pool.stats());
@@ -492,4 +500,17 @@ fn a_pool_closed_right_after_a_run_leaves_no_process_cgroup_mount_or_namespace()
     let record = run(&pool, "print(1)");
     assert_eq!(record.usage.start, Some(RunStart::Cold), "{:?}", record.isolation.details);
     assert_eq!(sandbox_descriptors(), held_before, "a cold run's sandbox outlived its run after close");
+}
+
+#[test]
+fn a_forked_run_has_pandas_imported_and_its_files_in() {
+    let _alone = exclusive();
+    let pool = pool_in(PoolMode::Forked, Policy::default(), 1, &["numpy", "pandas", "matplotlib"]);
+    let csv = b"x,w\n1,1\n2,1\n3,5\n".to_vec();
+    let code = "import sys\nimport pandas as pd\nprint('pandas' in sys.modules)\nint(pd.read_csv('data.csv').x.sum())";
+    let record = pool.run(pool.policy(), &[("data.csv".to_owned(), csv)], &RunRequest::python(code)).unwrap();
+    assert_eq!(record.usage.start, Some(RunStart::Forked), "not forked: {:?}", record.isolation.details);
+    assert_eq!(record.status, Status::Ok, "stderr: {}\nmessage: {:?}", record.stderr, record.message);
+    assert_eq!(record.stdout.trim(), "True");
+    assert_eq!(record.value.as_deref(), Some("6"));
 }

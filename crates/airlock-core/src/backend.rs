@@ -95,6 +95,35 @@ pub trait Instance: Send {
             reason: "the backend has no warm start; runs start cold".to_owned(),
         })
     }
+
+    /// Makes this sandbox a template (see [`Template`]): its interpreter
+    /// imports `preload` and then forks runs' sandboxes. A backend that
+    /// cannot says so (the caller then uses another mode).
+    fn start_template(self: Box<Self>, preload: &[String]) -> Result<Box<dyn Template>, SandboxError> {
+        let _ = preload;
+        Err(SandboxError::Unsupported {
+            backend: "this",
+            what: "fork runs from a template".to_owned(),
+            reason: "the backend has no forked start; use the pool's pooled mode".to_owned(),
+        })
+    }
+}
+
+/// A template ([`Instance::start_template`]): a sandbox whose interpreter
+/// imported the preload and forks each run's sandbox, never running code
+/// itself.
+pub trait Template: Send + Sync {
+    /// Whether it still serves forks.
+    fn is_ready(&self) -> bool;
+
+    /// The memory it holds now (its cgroup's usage), where the backend can tell.
+    fn memory_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// Forks one run's sandbox, ready as a warm one: its own namespaces,
+    /// /work, /tmp, cgroup and limits, every layer of a cold run in force.
+    fn fork(&self) -> Result<Box<dyn WarmInstance>, SandboxError>;
 }
 
 /// A sandbox started ahead of its run ([`Instance::start_warm`]): its

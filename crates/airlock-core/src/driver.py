@@ -31,6 +31,11 @@
 # lengths, then the display name, the working directory, the variables the
 # run sets (NAME=VALUE) or removes (NAME), each ended by a NUL, and the code.
 # The supervisor keeps the clocks from that moment on.
+#
+# A template (a forked pool's, with `template` for `warm`) imports the
+# preload and then serves forks (driver_template.py); each fork returns here
+# as a warm driver of its own run. Its paths are then `fd:N`: descriptors
+# the template arranged, not files.
 
 import sys
 
@@ -42,8 +47,10 @@ def _run():
     _enter_work_dir()
     code_path, display_name, report_path = sys.argv[1], sys.argv[2], sys.argv[3]
     value_cap, max_figures, figure_cap, max_results = (int(x) for x in sys.argv[4:8])
-    ready_path = sys.argv[8] if len(sys.argv) > 8 else None
-    warm = sys.argv[9:10] == ["warm"]
+    code_path, report_path = _path(code_path), _path(report_path)
+    ready_path = _path(sys.argv[8]) if len(sys.argv) > 8 else None
+    template = sys.argv[9:10] == ["template"]
+    warm = template or sys.argv[9:10] == ["warm"]
     if warm:
         _WARM.append(True)
     state = {
@@ -59,10 +66,16 @@ def _run():
     _register_matplotlib_backend(state)
     _register_display(state)
 
-    ready = open(ready_path, "wb", buffering=0) if ready_path else None
     if warm:
         for module in sys.argv[10:]:
             __import__(module)
+        if template:
+            # Returns only in a fork, its sandbox made, for its own run.
+            namespace = {"__name__": "airlock_driver_template", "__file__": _DRIVER_DIR + "/driver_template.py"}
+            exec(_code_of(namespace["__file__"]), namespace)
+            namespace["serve"]()
+    ready = open(ready_path, "wb", buffering=0) if ready_path is not None else None
+    if warm:
         ready.write(b"P")
         source, display_name = _receive(code_path)
         state["code_file"] = display_name
@@ -148,6 +161,11 @@ def _register_display(state):
     builtins.display = lambda *objs, **kwargs: _extras().display(state, objs, kwargs)
 
 
+def _path(argument):
+    """A path from argv, or the descriptor `fd:N` names."""
+    return int(argument[3:]) if argument.startswith("fd:") else argument
+
+
 def _receive(path):
     """A warm driver's code, from the FIFO the supervisor writes once a run
     claims the sandbox; moves to the run's working directory and sets the
@@ -155,7 +173,7 @@ def _receive(path):
     child processes and its C libraries see them too)."""
     import os
 
-    fd = os.open(path, os.O_RDONLY)
+    fd = path if isinstance(path, int) else os.open(path, os.O_RDONLY)
     try:
         header = b""
         while not header.endswith(b"\n"):

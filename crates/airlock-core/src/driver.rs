@@ -24,6 +24,9 @@ pub const DRIVER_SOURCE: &str = include_str!("driver.py");
 pub const DRIVER_REPORT_SOURCE: &str = include_str!("driver_report.py");
 /// The script Python is given: runs the driver from its bytecode or its source.
 pub const DRIVER_START_SOURCE: &str = include_str!("driver_start.py");
+/// The fork server of a forked pool's template (`Start::Template`), compiled
+/// from its source once per template.
+pub const DRIVER_TEMPLATE_SOURCE: &str = include_str!("driver_template.py");
 
 /// The driver's files that may run from bytecode, each as (its name in
 /// [`PROGRAM_DIR`], the name of its bytecode there, its source). The
@@ -61,6 +64,10 @@ pub enum Start<'a> {
     /// Imports `preload`, announces it, then waits for the code on
     /// [`CODE_FIFO`] (see [`feed`]): a sandbox made ready before its run.
     Warm { preload: &'a [String] },
+    /// Imports `preload`, then serves forks on its standard input
+    /// (driver_template.py), each of which goes on as a warm driver with
+    /// its report, ready and code pipes at descriptors 3, 4 and 5.
+    Template { preload: &'a [String] },
 }
 
 /// Caps on what the driver may report. The supervisor enforces them again.
@@ -177,7 +184,7 @@ pub fn program(job: &Job, runtime: &Runtime, caps: &ReportCaps) -> Program {
 /// Builds the program for `job` with `runtime`, the driver started as
 /// `start` says (a warm start is always Python, and ignores the job's code).
 pub fn program_with(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<'_>) -> Program {
-    let warm = matches!(start, Start::Warm { .. });
+    let warm = matches!(start, Start::Warm { .. } | Start::Template { .. });
     match job.language {
         Language::Sh if !warm => Program {
             argv: vec!["/bin/sh".to_owned(), format!("{PROGRAM_DIR}/main.sh")],
@@ -197,11 +204,19 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
     files.extend(
         runtime.driver_bytecode.iter().filter(|f| COMPILED_FILES.iter().any(|(_, pyc, _)| *pyc == f.name)).cloned(),
     );
-    let code_path = match start {
-        Start::Warm { .. } => format!("{PROGRAM_DIR}/{CODE_FIFO}"),
+    let (code_path, report_path, ready_path) = match start {
+        Start::Warm { .. } => (
+            format!("{PROGRAM_DIR}/{CODE_FIFO}"),
+            format!("{PROGRAM_DIR}/{REPORT_FILE}"),
+            format!("{PROGRAM_DIR}/{READY_FILE}"),
+        ),
+        Start::Template { .. } => {
+            files.push(ProgramFile::text("driver_template.py", DRIVER_TEMPLATE_SOURCE));
+            ("fd:5".to_owned(), "fd:3".to_owned(), "fd:4".to_owned())
+        }
         Start::Cold | Start::Announced => {
             files.push(ProgramFile::text("main.py", &job.code));
-            format!("{PROGRAM_DIR}/main.py")
+            (format!("{PROGRAM_DIR}/main.py"), format!("{PROGRAM_DIR}/{REPORT_FILE}"), format!("{PROGRAM_DIR}/{READY_FILE}"))
         }
     };
     let mut argv = vec![
@@ -211,20 +226,35 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         format!("{PROGRAM_DIR}/driver_start.py"),
         code_path,
         job.display_name().to_owned(),
-        format!("{PROGRAM_DIR}/{REPORT_FILE}"),
+        report_path,
         caps.value_chars.to_string(),
         caps.max_figures.to_string(),
         caps.figure_bytes.to_string(),
         caps.max_results.to_string(),
     ];
     if start != Start::Cold {
-        argv.push(format!("{PROGRAM_DIR}/{READY_FILE}"));
+        argv.push(ready_path);
     }
-    if let Start::Warm { preload } = start {
-        argv.push("warm".to_owned());
-        argv.extend(preload.iter().cloned());
+    match start {
+        Start::Warm { preload } => {
+            argv.push("warm".to_owned());
+            argv.extend(preload.iter().cloned());
+        }
+        Start::Template { preload } => {
+            argv.push("template".to_owned());
+            argv.extend(preload.iter().cloned());
+        }
+        Start::Cold | Start::Announced => {}
     }
-    Program { argv, files, reports: true, announces: start != Start::Cold, fed: matches!(start, Start::Warm { .. }) }
+    // A template's forks have pipes, not FIFOs.
+    let template = matches!(start, Start::Template { .. });
+    Program {
+        argv,
+        files,
+        reports: !template,
+        announces: start != Start::Cold && !template,
+        fed: matches!(start, Start::Warm { .. }),
+    }
 }
 
 /// A figure the driver returned, checked to be a PNG.

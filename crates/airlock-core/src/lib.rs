@@ -24,7 +24,7 @@ pub mod paths;
 pub mod record;
 pub mod runtime;
 
-pub use backend::{Backend, Claim, Claimed, Execution, Instance, Job, KillSwitch, Probe, WarmInstance};
+pub use backend::{Backend, Claim, Claimed, Execution, Instance, Job, KillSwitch, Probe, Template, WarmInstance};
 pub use error::{ArtifactError, SandboxError};
 pub use runtime::{PYTHON_MOUNT, Runtime, RuntimeFile, RuntimeMount};
 

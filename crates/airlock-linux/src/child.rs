@@ -18,7 +18,7 @@ use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 use crate::hostid::IdMapping;
 use crate::protocol::{self, CgroupEntry, CodeSetup, Control, Failure, Reply, Request, RunPlan, SetupPlan};
 use crate::sys::{self, Forked};
-use crate::{caps, cgroup, copy, landlock, limits, mounts, network, observe, probe, process, userns};
+use crate::{caps, cgroup, copy, landlock, limits, mounts, network, observe, process, userns};
 
 /// The namespaces each run's init is made in, on top of the sandbox's user
 /// and mount namespaces (the mount namespace is copied, so mounts stay per
@@ -297,7 +297,7 @@ fn sandbox_init(
             .into_iter()
             .filter_map(|(wanted, name)| wanted.then_some(name))
             .collect();
-    let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos)?;
+    let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos, plan.template)?;
     mounts::pivot_into_stage()?;
 
     let namespaces = JOINED_NAMESPACES.iter().map(|(kind, _)| userns::open_own(kind)).collect::<Result<Vec<_>, _>>()?;
@@ -344,11 +344,7 @@ fn start_code(plan: &RunPlan, exec: &process::Exec, fds: RunFds, init: &Init) ->
             let pidfd = pidfd.ok_or_else(|| Failure::plain(step, "no pidfd"))?;
             let landlock = process::read_setup(setup_read, &exec.argv[0])?;
             // All of it in force: seccomp was the code's last step before exec.
-            let mut layers = probe::NAMESPACE_LAYERS.to_vec();
-            layers.extend([Layer::Seccomp, Layer::NoNewPrivs, Layer::Rlimits]);
-            if matches!(landlock, Some(landlock::Enforced::Fully | landlock::Enforced::Partially)) {
-                layers.push(Layer::Landlock);
-            }
+            let layers = process::layers_in_force(landlock);
             Ok(Code { child: Child { pid, pidfd, _alive: alive_write }, layers })
         }
     }
@@ -373,8 +369,15 @@ fn code_process(
             .map_err(|e| Failure::new("join the run's namespaces", *kind, &e.into()))?;
     }
     limits::apply(&plan.rlimits)?;
-    caps::drop_all()?;
-    if let Some(landlock) = &plan.landlock {
+    if plan.template {
+        // A forked pool's template: its forks make their own namespaces,
+        // mounts and Landlock domain (see `fork`); the plan carries the
+        // template's filter, and no Landlock plan.
+        caps::keep_only_sys_admin()?;
+    } else {
+        caps::drop_all()?;
+    }
+    if let Some(landlock) = plan.landlock.as_ref().filter(|_| !plan.template) {
         process::report_setup(setup, &CodeSetup::Landlock(landlock::restrict(landlock)?));
     }
     Err(process::exec_code(exec, &fds.stdio, setup, &plan.seccomp))

@@ -27,7 +27,7 @@ pub use crate::mounts::{
     DEVICES, LAYOUT_BYTES, LAYOUT_INODES, STAGE, bind_stage_onto_itself, check_readable_by_others, pivot_into_stage,
 };
 pub use crate::probe::{NAMESPACE_LAYERS, probe};
-pub use crate::process::{die_with_parent, exit_if_parent_gone};
+pub use crate::process::{die_with_parent, exit_if_parent_gone, report_setup};
 pub use crate::supervise::{recv_nonblocking, spawn_helper};
 pub use crate::sys::{Forked, clone_with_namespaces, close_from_except, install_seccomp, landlock_abi, wait4_cpu_time};
 pub use crate::userns::{become_sandbox_user, check_mapping, drop_supplementary_groups, join as join_sandbox};

@@ -72,12 +72,41 @@ impl Instance for LinuxInstance {
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
         // The copy-in cap counts what was copied in for this run.
         self.written = 0;
-        self.run_as(job, kill, None)
+        self.run_as(job, kill, Mode::Cold)
     }
 
     fn start_warm(self: Box<Self>, preload: &[String]) -> Result<Box<dyn airlock_core::WarmInstance>, SandboxError> {
-        Ok(Box::new(crate::warm::WarmSandbox::start(*self, preload)?))
+        let refuse = |reason: &str| SandboxError::Unsupported {
+            backend: "linux",
+            what: "start this sandbox warm".to_owned(),
+            reason: reason.to_owned(),
+        };
+        if self.cgroups.is_none() {
+            return Err(refuse("without a cgroup the preload's CPU time could not be told from the run's"));
+        }
+        if self.policy.network.is_enabled() {
+            return Err(refuse("a run with allowed hosts starts its proxy at the release; it runs cold"));
+        }
+        Ok(Box::new(crate::warm::WarmSandbox::start(self, preload)?))
     }
+
+    fn start_template(self: Box<Self>, preload: &[String]) -> Result<Box<dyn airlock_core::Template>, SandboxError> {
+        let template = crate::forked::LinuxTemplate::start(*self, preload)?;
+        Ok(Box::new(crate::forked::TemplateHandle(Arc::new(template))))
+    }
+}
+
+/// How a run starts.
+pub(crate) enum Mode<'a, 'g> {
+    /// The job's code, at once.
+    Cold,
+    /// Ahead of its claim.
+    Warm(Warm<'a, 'g>),
+    /// A forked pool's template (see `forked`): its driver imports the
+    /// preload and serves forks on `control`, its standard input, with the
+    /// native library `native` beside it. `cgroup_made` is told where its
+    /// cgroup keeps its memory; the run lasts until `kill`.
+    Template { preload: &'a [String], control: OwnedFd, native: Vec<u8>, cgroup_made: &'a dyn Fn(Option<PathBuf>) },
 }
 
 /// A warm run: its driver imports `preload`, then the run waits in `gate`
@@ -96,6 +125,14 @@ impl LinuxInstance {
     /// Copies `data` in at `path`, `written` bytes already copied for this
     /// run; returns the new total.
     pub(crate) fn copy_in(&self, written: u64, path: &SandboxPath, data: &[u8]) -> Result<u64, SandboxError> {
+        let total = self.check_copy_in(written, path, data)?;
+        copy::write(&self.files, self.work.as_fd(), path, data)?;
+        Ok(total)
+    }
+
+    /// Whether `data` may be copied in at `path` with `written` bytes
+    /// copied before it; the new total.
+    fn check_copy_in(&self, written: u64, path: &SandboxPath, data: &[u8]) -> Result<u64, SandboxError> {
         let limits = &self.policy.limits;
         let fail = |reason: String| SandboxError::Input { path: path.to_string(), reason };
         if data.len() as u64 > limits.file_bytes {
@@ -107,25 +144,54 @@ impl LinuxInstance {
                 limits.files_total_bytes
             )));
         }
-        copy::write(&self.files, self.work.as_fd(), path, data)?;
         Ok(written + data.len() as u64)
     }
 
-    /// Runs `job`, or, `warm`, starts the driver ahead of its claim (the
-    /// job then only gives the language).
-    pub(crate) fn run_as(
+    /// Copies `data` in at `path` below `work` (a fork's /work), `written`
+    /// bytes already copied for this run; returns the new total.
+    pub(crate) fn copy_in_at(
         &self,
-        job: &Job,
-        kill: &KillSwitch,
-        warm: Option<Warm<'_, '_>>,
-    ) -> Result<Execution, SandboxError> {
+        work: std::os::fd::BorrowedFd<'_>,
+        written: u64,
+        path: &SandboxPath,
+        data: &[u8],
+    ) -> Result<u64, SandboxError> {
+        let total = self.check_copy_in(written, path, data)?;
+        copy::write(&self.files, work, path, data)?;
+        Ok(total)
+    }
+
+    /// The Landlock plan for the code: writes below /work, /tmp and the
+    /// runtime's writable folders, and to `files` (a few devices, FIFOs).
+    pub(crate) fn landlock_plan(&self, files: Vec<String>) -> LandlockPlan {
+        let mut writable_files: Vec<String> = ["/dev/null", "/dev/zero", "/dev/full"].map(String::from).to_vec();
+        writable_files.extend(files);
+        LandlockPlan {
+            writable_dirs: ["/work", "/tmp"]
+                .into_iter()
+                .map(String::from)
+                .chain(self.runtime.mounts.iter().filter(|m| m.writable).map(|m| m.sandbox.display().to_string()))
+                .collect(),
+            writable_files,
+            required: !self.degraded.contains(&Layer::Landlock),
+        }
+    }
+
+    /// Runs `job` as `mode` says (warm or a template: the job then only
+    /// gives the language).
+    pub(crate) fn run_as(&self, job: &Job, kill: &KillSwitch, mode: Mode<'_, '_>) -> Result<Execution, SandboxError> {
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
-        let start = match &warm {
-            Some(warm) => driver::Start::Warm { preload: warm.preload },
-            None => driver::Start::Announced,
+        let start = match &mode {
+            Mode::Warm(warm) => driver::Start::Warm { preload: warm.preload },
+            Mode::Template { preload, .. } => driver::Start::Template { preload },
+            Mode::Cold => driver::Start::Announced,
         };
-        let program = driver::program_with(job, &self.runtime, &caps, start);
+        let template = matches!(mode, Mode::Template { .. });
+        let mut program = driver::program_with(job, &self.runtime, &caps, start);
+        if let Mode::Template { native, .. } = &mode {
+            program.files.push(driver::ProgramFile { name: crate::forked::NATIVE_NAME, content: native.clone() });
+        }
         let network = self.policy.network.is_enabled();
         let mut env = self.runtime.environment(&self.policy);
         if network {
@@ -137,18 +203,23 @@ impl LinuxInstance {
         }
         let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
         let landlock_required = !self.degraded.contains(&Layer::Landlock);
-        let mut writable_files: Vec<String> = ["/dev/null", "/dev/zero", "/dev/full"].map(String::from).to_vec();
+        let mut fifos = Vec::new();
         if program.reports {
-            writable_files.push(format!("{PROGRAM_DIR}/{REPORT_FILE}"));
+            fifos.push(format!("{PROGRAM_DIR}/{REPORT_FILE}"));
         }
         if program.announces {
-            writable_files.push(format!("{PROGRAM_DIR}/{READY_FILE}"));
+            fifos.push(format!("{PROGRAM_DIR}/{READY_FILE}"));
         }
         let mut rlimits = limits::for_policy(&self.policy, self.cgroups.is_none());
-        if warm.is_some() {
-            for limit in rlimits.iter_mut().filter(|l| l.resource == crate::protocol::RlimitResource::Cpu) {
-                limit.soft += PRELOAD_CPU_SECONDS;
-                limit.hard += PRELOAD_CPU_SECONDS;
+        for limit in rlimits.iter_mut().filter(|l| l.resource == crate::protocol::RlimitResource::Cpu) {
+            match &mode {
+                Mode::Cold => {}
+                Mode::Warm(_) => {
+                    limit.soft += PRELOAD_CPU_SECONDS;
+                    limit.hard += PRELOAD_CPU_SECONDS;
+                }
+                // The template lives for its pool's expiry; each fork sets its own.
+                Mode::Template { .. } => (limit.soft, limit.hard) = (u64::MAX, u64::MAX),
             }
         }
         let plan = RunPlan {
@@ -161,23 +232,19 @@ impl LinuxInstance {
             report_fifo: program.reports,
             ready_fifo: program.announces,
             code_fifo: program.fed,
-            proxy_listener: network,
+            proxy_listener: network && !template,
             // The proxy must serve before the code's first byte.
-            hold_for_release: network,
+            hold_for_release: network && !template,
             argv: program.argv,
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
             rlimits,
-            landlock: (self.landlock_abi.is_some() || landlock_required).then(|| LandlockPlan {
-                writable_dirs: ["/work", "/tmp"]
-                    .into_iter()
-                    .map(String::from)
-                    .chain(self.runtime.mounts.iter().filter(|m| m.writable).map(|m| m.sandbox.display().to_string()))
-                    .collect(),
-                writable_files,
-                required: landlock_required,
-            }),
-            seccomp: self.seccomp.as_ref().clone(),
+            // A template enters no Landlock domain (its forks do) and runs
+            // under the template's filter.
+            landlock: (!template && (self.landlock_abi.is_some() || landlock_required))
+                .then(|| self.landlock_plan(fifos)),
+            seccomp: if template { crate::seccomp::template_program() } else { self.seccomp.as_ref().clone() },
+            template,
         };
 
         let mut cgroup: Option<Box<dyn RunCgroup>> = match &self.cgroups {
@@ -195,9 +262,10 @@ impl LinuxInstance {
             ),
             None => None,
         };
+        let lifetime = |limit| if template { crate::forked::TEMPLATE_LIFETIME } else { limit };
         let watch = Watch {
-            wall_time: limits.wall_time,
-            cpu_time: limits.cpu_time,
+            wall_time: lifetime(limits.wall_time),
+            cpu_time: lifetime(limits.cpu_time),
             output_bytes: limits.output_bytes,
             output_overflow: limits.output_overflow,
             report_bytes: caps.report_bytes,
@@ -217,14 +285,22 @@ impl LinuxInstance {
             ok
         };
         self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain_mut(|e| !e.try_reap());
+        let (gate, stdin) = match mode {
+            Mode::Cold => (None, None),
+            Mode::Warm(warm) => (Some(warm.gate), None),
+            Mode::Template { control, cgroup_made, .. } => {
+                cgroup_made(cgroup.as_ref().map(|c| c.memory_usage_file()));
+                (None, Some(control))
+            }
+        };
         let (observed, ending) = supervise::run(
             &self.helper,
             plan,
-            SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd() },
+            SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd(), stdin },
             cgroup.as_deref(),
             &watch,
             &mut start_proxy,
-            warm.map(|w| w.gate),
+            gate,
         )
         .map_err(|e| SandboxError::io("running the sandbox", e))?;
         self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(ending);
@@ -260,7 +336,7 @@ impl LinuxInstance {
 }
 
 /// Why a run whose code never started failed.
-fn never_started(
+pub(crate) fn never_started(
     observed: &Observed,
     proxy: Option<Result<airlock_net::ProxyHandle, airlock_net::NetError>>,
 ) -> SandboxError {
@@ -287,7 +363,7 @@ fn never_started(
 
 impl LinuxInstance {
     /// The execution of a run whose code started, from everything observed.
-    fn execution(
+    pub(crate) fn execution(
         &self,
         observed: Observed,
         stats: crate::cgroup::CgroupStats,
@@ -407,7 +483,11 @@ impl LinuxInstance {
                 wall_ms: observed.wall.as_millis() as u64,
                 cpu_ms: seen.cpu_used.map(|d| d.as_millis() as u64),
                 peak_memory_bytes: stats.peak_memory_bytes,
-                start: Some(if observed.cpu_before_release.is_some() { RunStart::Pooled } else { RunStart::Cold }),
+                start: Some(match (observed.forked, observed.cpu_before_release) {
+                    (true, _) => RunStart::Forked,
+                    (false, Some(_)) => RunStart::Pooled,
+                    (false, None) => RunStart::Cold,
+                }),
                 first_instruction_ms: observed.first_instruction.map(|d| d.as_millis() as u64),
                 ..Usage::default()
             },

@@ -551,12 +551,24 @@ const WRITABLE: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 /// Child side, for each run: a fresh /proc for the run's PID namespace with
 /// the host's kernel internals masked, and the program at /.airlock. Returns
 /// the FIFOs named in `fifos`, in that order, each opened for the supervisor.
-pub fn build_run_root(program_files: &[(String, Vec<u8>)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
+/// `executable`: the program's folder may hold a library to load (a forked
+/// pool's template's; its forks make it not executable again).
+pub fn build_run_root(
+    program_files: &[(String, Vec<u8>)],
+    fifos: &[&str],
+    executable: bool,
+) -> Result<Vec<OwnedFd>, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     bind_stage_onto_itself()?;
-    let proc_dir = stage_path("/proc");
-    mount_fs("proc", &proc_dir, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "")
+    mount_proc(&stage_path("/proc"), bind)?;
+    write_program(program_files, fifos, executable)
+}
+
+/// Mounts a fresh /proc of this process's PID namespace at `proc_dir`, with
+/// the host's kernel internals masked; `bind` makes each read-only bind.
+fn mount_proc(proc_dir: &Path, bind: fn(&Path, &Path, u64, bool) -> Result<(), Failure>) -> Result<(), Failure> {
+    mount_fs("proc", proc_dir, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "")
         .map_err(|e| Failure::new("mount /proc", "", &e.into()))?;
     for name in PROC_MASKED_FILES {
         let target = proc_dir.join(name);
@@ -578,18 +590,95 @@ pub fn build_run_root(program_files: &[(String, Vec<u8>)], fifos: &[&str]) -> Re
             bind(&target, &target, READ_ONLY | sys::MOUNT_ATTR_NOEXEC, true)?;
         }
     }
-    write_program(program_files, fifos)
+    Ok(())
+}
+
+/// A fork of a forked pool's template, in its fresh mount namespace (see
+/// `fork`): one fresh tmpfs with the run's disk caps holding its /work and
+/// /tmp (and so /dev/shm, a link to /tmp), which hide the template's; a
+/// fresh /proc of the run's PID namespace, masked as a cold run's; the
+/// program's folder no longer executable (the template ran its native
+/// library from it). The template's seccomp filter refuses the new mount
+/// API, so these are mount(2)'s binds.
+pub fn build_fork_root(bytes: u64, inodes: u64) -> Result<(), Failure> {
+    let step = "make the fork's /work and /tmp";
+    mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
+        .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
+    // The tmpfs goes on /work first; its two folders then cover /tmp and
+    // /work, and its own root stays hidden below them.
+    let options = format!("size={bytes},nr_inodes={inodes},mode=0755");
+    mount_fs("tmpfs", Path::new("/work"), MountFlags::NOSUID | MountFlags::NODEV, &options)
+        .map_err(|e| Failure::new(step, "mount", &e.into()))?;
+    for (dir, mode) in [("/work/tmp", 0o1777), ("/work/work", 0o755)] {
+        fs::create_dir(dir)
+            .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(mode)))
+            .map_err(|e| Failure::new(step, dir, &e))?;
+    }
+    for (source, target) in [("/work/tmp", "/tmp"), ("/work/work", "/work")] {
+        rustix::mount::mount_bind(source, target).map_err(|e| Failure::new(step, target, &e.into()))?;
+    }
+    mount_proc(Path::new("/proc"), bind_by_mount)?;
+    remount_adding(Path::new(PROGRAM_DIR), MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC)
+        .map_err(|e| Failure::new("make the program's folder not executable", PROGRAM_DIR, &e.into()))
+}
+
+/// [`bind`] through mount(2): a bind, then its flags by a remount (of the
+/// top mount only: the trees bound here have none below them).
+fn bind_by_mount(source: &Path, target: &Path, attributes: u64, recursive: bool) -> Result<(), Failure> {
+    let step = "bind-mount into the sandbox";
+    let fail = |e: rustix::io::Errno| Failure::new(step, target.display().to_string(), &e.into());
+    if recursive {
+        rustix::mount::mount_bind_recursive(source, target).map_err(fail)?;
+    } else {
+        rustix::mount::mount_bind(source, target).map_err(fail)?;
+    }
+    let mut flags = MountFlags::empty();
+    for (attribute, flag) in [
+        (sys::MOUNT_ATTR_RDONLY, MountFlags::RDONLY),
+        (sys::MOUNT_ATTR_NOSUID, MountFlags::NOSUID),
+        (sys::MOUNT_ATTR_NODEV, MountFlags::NODEV),
+        (sys::MOUNT_ATTR_NOEXEC, MountFlags::NOEXEC),
+    ] {
+        if attributes & attribute != 0 {
+            flags |= flag;
+        }
+    }
+    remount_adding(target, flags).map_err(fail)
+}
+
+/// Remounts the bind mount at `target` with `flags` added to those it has:
+/// a remount that cleared a flag its source's mount had locked (where root
+/// built the sandbox) is refused.
+fn remount_adding(target: &Path, flags: MountFlags) -> rustix::io::Result<()> {
+    use rustix::fs::StatVfsMountFlags as Had;
+    let had = rustix::fs::statvfs(target)?.f_flag;
+    let mut flags = flags | MountFlags::BIND;
+    for (kept, flag) in [
+        (Had::RDONLY, MountFlags::RDONLY),
+        (Had::NOSUID, MountFlags::NOSUID),
+        (Had::NODEV, MountFlags::NODEV),
+        (Had::NOEXEC, MountFlags::NOEXEC),
+        (Had::NOATIME, MountFlags::NOATIME),
+        (Had::NODIRATIME, MountFlags::NODIRATIME),
+        (Had::RELATIME, MountFlags::RELATIME),
+    ] {
+        if had.contains(kept) {
+            flags |= flag;
+        }
+    }
+    mount_remount(target, flags, "")
 }
 
 /// Mounts a small tmpfs at /.airlock holding the program, then makes it
 /// read-only. Kept apart from the stage so a full /work cannot stop the next
 /// run from starting.
-fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
+fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str], executable: bool) -> Result<Vec<OwnedFd>, Failure> {
     let step = "write the program";
+    let noexec = if executable { MountFlags::empty() } else { MountFlags::NOEXEC };
     let dir = stage_path(PROGRAM_DIR);
     let bytes: usize = files.iter().map(|(_, c)| c.len().div_ceil(4096) * 4096).sum::<usize>() + 64 * 1024;
     let options = format!("size={bytes},nr_inodes=16,mode=0755");
-    mount_fs("tmpfs", &dir, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, &options)
+    mount_fs("tmpfs", &dir, MountFlags::NOSUID | MountFlags::NODEV | noexec, &options)
         .map_err(|e| Failure::new(step, "mount", &e.into()))?;
     for (name, content) in files {
         if name.contains('/') || name.starts_with('.') {
@@ -612,11 +701,7 @@ fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str]) -> Result<Vec<Owne
             .map_err(|e| Failure::new(step, format!("open the {name} FIFO"), &e.into()))?;
         opened.push(fd);
     }
-    mount_remount(
-        &dir,
-        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        options.as_str(),
-    )
+    mount_remount(&dir, MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | noexec, options.as_str())
     .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
     Ok(opened)
 }

@@ -103,6 +103,12 @@ pub fn read_setup(pipe: OwnedFd, program: &CString) -> Result<Option<Enforced>, 
     std::fs::File::from(pipe)
         .read_to_string(&mut text)
         .map_err(|e| Failure::new("start the code", "read its setup", &e))?;
+    parse_setup(&text, program)
+}
+
+/// The code's setup report, read whole: what Landlock put in force, or the
+/// step that failed.
+pub fn parse_setup(text: &str, program: &CString) -> Result<Option<Enforced>, Failure> {
     let mut landlock = None;
     for line in text.lines() {
         match serde_json::from_str::<CodeSetup>(line) {
@@ -120,6 +126,19 @@ pub fn read_setup(pipe: OwnedFd, program: &CString) -> Result<Option<Enforced>, 
 }
 
 const EXEC_STEP: &str = "execute the code";
+
+/// The layers in force for the code once its setup is done: every one of a
+/// cold run's (seccomp was its last step), Landlock where the kernel put it
+/// in force.
+pub fn layers_in_force(landlock: Option<Enforced>) -> Vec<airlock_policy::Layer> {
+    use airlock_policy::Layer;
+    let mut layers = crate::probe::NAMESPACE_LAYERS.to_vec();
+    layers.extend([Layer::Seccomp, Layer::NoNewPrivs, Layer::Rlimits]);
+    if matches!(landlock, Some(Enforced::Fully | Enforced::Partially)) {
+        layers.push(Layer::Landlock);
+    }
+    layers
+}
 
 /// In the code's process, last: a session of its own with no terminal,
 /// `stdio` as 0, 1, 2 and nothing else but the setup pipe (closed on exec),

@@ -146,6 +146,65 @@ pub struct RunPlan {
     /// `sock_filter` array): a few kilobytes rather than a long JSON list.
     #[serde(with = "bpf_base64")]
     pub seccomp: Vec<Instruction>,
+    /// The code's process is a forked pool's template (see `fork`): it keeps
+    /// CAP_SYS_ADMIN in the sandbox's user namespace (ambient, so that it
+    /// survives the exec) and enters no Landlock domain; its forks do both.
+    #[serde(default)]
+    pub template: bool,
+}
+
+/// A fork's plan (the forked mode, see `fork`): what the template's fork
+/// puts in force to become one run's sandbox. The supervisor writes it into
+/// a memfd; the template hands the memfd to its two forks unread.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForkPlan {
+    pub hostname: String,
+    /// Size and inode caps of the run's tmpfs, which holds /work and /tmp.
+    pub disk_bytes: u64,
+    pub disk_inodes: u64,
+    pub rlimits: Vec<Rlimit>,
+    pub landlock: Option<LandlockPlan>,
+    /// The run's own filter, stacked on the template's.
+    #[serde(with = "bpf_base64")]
+    pub seccomp: Vec<Instruction>,
+}
+
+/// What the supervisor asks of a template, on its control socket (the
+/// template's standard input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToTemplate {
+    /// Fork one run's sandbox. Attached, in order: the plan's memfd, the
+    /// run's socket (on which the template answers, [`FromTemplate`], and
+    /// the supervisor releases the fork, [`Control::Release`]), then the
+    /// fork's standard input, output and error, and the write end of its
+    /// report pipe, the write end of its ready pipe, the read end of its
+    /// code pipe.
+    Fork,
+}
+
+/// The descriptors a [`ToTemplate::Fork`] carries.
+pub const FORK_FDS: usize = 8;
+
+/// What a template says: [`FromTemplate::Ready`] once on its control
+/// socket, the rest on each run's socket, in this order.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum FromTemplate {
+    /// The preload is imported and the template serves forks. Attached: its
+    /// own pidfd.
+    Ready,
+    /// The run's init (PID 1 of a fresh PID namespace) and the code's
+    /// process (PID 2, the template's child) exist, their pids in the
+    /// template's namespace; attached, their pidfds. The code's process
+    /// waits for [`Control::Release`], sent once both are in the run's cgroup.
+    Forked { init_pid: i32, code_pid: i32 },
+    /// The code's process finished its setup, its own report as a cold
+    /// run's code process writes it (JSON lines of [`CodeSetup`]): the
+    /// driver then waits for its code.
+    Setup { report: String },
+    /// The code's process ended, then the init: as [`Reply::Ended`].
+    Ended { code: ProcessEnd, init_first: Option<ProcessEnd> },
+    /// A step of the template's failed; nothing after it ran.
+    Failed(Failure),
 }
 
 /// How the helper puts the run into its cgroup; the descriptors follow the
@@ -375,6 +434,7 @@ mod tests {
             rlimits: vec![],
             landlock: None,
             seccomp: program.clone(),
+            template: false,
         };
         let json = serde_json::to_string(&plan).unwrap();
         let back: RunPlan = serde_json::from_str(&json).unwrap();

@@ -108,6 +108,8 @@ pub struct Observed {
     /// A warm run's memory (bytes) and process limits, where its claim
     /// lowered them: the limits in force for the code.
     pub lowered: Lowered,
+    /// The run was forked from a template (see `forked`).
+    pub forked: bool,
 }
 
 /// The limits a claim lowered, `None` where it kept the sandbox's.
@@ -141,12 +143,18 @@ pub struct Waiting<'a> {
     alive: &'a dyn Fn() -> bool,
     cgroup: Option<&'a dyn RunCgroup>,
     lowered: std::cell::Cell<Lowered>,
+    forked: Option<&'a crate::forked::ForkRoot>,
 }
 
 impl Waiting<'_> {
     /// Whether the run still stands (the code's process and the helper alive).
     pub fn alive(&self) -> bool {
         (self.alive)()
+    }
+
+    /// A forked run's own /work and /tmp (a cold or pooled run's are its sandbox's).
+    pub fn fork_root(&self) -> Option<&crate::forked::ForkRoot> {
+        self.forked
     }
 
     /// The file where the kernel keeps the memory the run holds.
@@ -172,6 +180,9 @@ impl Waiting<'_> {
 pub struct SandboxFds<'a> {
     pub user_ns: BorrowedFd<'a>,
     pub mount_ns: BorrowedFd<'a>,
+    /// The code's standard input, when it is not the caller's bytes: a
+    /// template's control socket (closed here once the helper has it).
+    pub stdin: Option<OwnedFd>,
 }
 
 /// Called once the sandbox is ready, with the proxy's listening socket when
@@ -200,6 +211,14 @@ pub fn spawn_helper(helper: &Path, args: &[&str]) -> io::Result<(Child, OwnedFd)
 
 /// Waits up to `timeout` for one reply from the helper.
 pub fn recv_within(socket: BorrowedFd<'_>, timeout: Duration) -> io::Result<Option<(Reply, Vec<OwnedFd>)>> {
+    recv_within_as(socket, timeout)
+}
+
+/// Waits up to `timeout` for one message of type `T`.
+pub fn recv_within_as<T: serde::de::DeserializeOwned>(
+    socket: BorrowedFd<'_>,
+    timeout: Duration,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     let mut fds = [PollFd::new(&socket, PollFlags::IN)];
     let ts = rustix::time::Timespec::try_from(timeout).map_err(|_| io::Error::other("bad timeout"))?;
     if poll(&mut fds, Some(&ts))? == 0 {
@@ -238,6 +257,26 @@ pub fn run(
         run.turn();
     }
     Ok(run.finish())
+}
+
+/// Runs a fork of `template` (see `forked`): as [`run`] with a warm run's
+/// gate, the template in the helper's place. The run is over when the
+/// template reports the code's end, or when the template is gone.
+pub(crate) fn run_forked(
+    template: &crate::forked::TemplateConn,
+    plan: &protocol::ForkPlan,
+    cgroup: &dyn RunCgroup,
+    watch: &Watch<'_>,
+    gate: &mut Gate<'_>,
+) -> io::Result<(Observed, Option<crate::forked::ForkRoot>)> {
+    let mut no_proxy = |_: OwnedFd| false;
+    let mut run = Run::start_forked(template, plan, cgroup, watch, &mut no_proxy)?;
+    run.gate = Some(gate);
+    while !(run.helper_done || run.ended_at.is_some()) {
+        run.turn();
+    }
+    let root = run.forked.as_mut().and_then(|forked| forked.root.take());
+    Ok((run.finish().0, root))
 }
 
 /// A helper whose work is done (a run's, once it reported the code's end;
@@ -289,8 +328,12 @@ struct Run<'a, 'w, 'p, 'g> {
     wants_proxy: bool,
     /// The helper holds the code until it is released.
     holds: bool,
-    helper: Child,
+    /// The run's helper; `None` for a forked run, whose template is its
+    /// peer (`helper_pidfd` is then the template's).
+    helper: Option<Child>,
     helper_pidfd: OwnedFd,
+    /// A forked run's state.
+    forked: Option<crate::forked::ForkedRun<'a>>,
     helper_done: bool,
     socket: OwnedFd,
     /// The run's init: killing it ends the run.
@@ -367,7 +410,9 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         let null = open(rustix::fs::OFlags::WRONLY)?;
         // stdin: the caller's bytes through a pipe, or /dev/null; a warm
         // run's always a pipe, whose bytes (maybe none) its claim gives.
-        let (stdin_read, stdin, stdin_held) = if watch.stdin.is_empty() && !wants_code {
+        let (stdin_read, stdin, stdin_held) = if let Some(socket) = sandbox.stdin {
+            (socket, None, None)
+        } else if watch.stdin.is_empty() && !wants_code {
             (open(rustix::fs::OFlags::RDONLY)?, None, None)
         } else {
             let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
@@ -418,8 +463,9 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             wants_code,
             wants_proxy,
             holds,
-            helper: child,
+            helper: Some(child),
             helper_pidfd,
+            forked: None,
             helper_done: false,
             socket,
             init: None,
@@ -441,6 +487,81 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             null,
             sampler: Sampler::new(watch.stage, watch.open_files),
             observed: Observed::default(),
+        })
+    }
+
+    /// A fork of `template`, asked for with the run's pipes (see `forked`).
+    fn start_forked(
+        template: &'a crate::forked::TemplateConn,
+        plan: &protocol::ForkPlan,
+        cgroup: &'a dyn RunCgroup,
+        watch: &'a Watch<'w>,
+        on_proxy: &'a mut ProxyStart<'p>,
+    ) -> io::Result<Run<'a, 'w, 'p, 'g>> {
+        let nonblocking = |fd: &OwnedFd| rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
+        let (stdout_read, stdout_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (stderr_read, stderr_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (report_read, report_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (ready_read, ready_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (code_read, code_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (stdin_read, stdin_write) = pipe_with(PipeFlags::CLOEXEC)?;
+        for fd in [&stdout_read, &stderr_read, &report_read, &ready_read, &code_write, &stdin_write] {
+            nonblocking(fd)?;
+        }
+        let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+        let helper_pidfd = template.fork(
+            plan,
+            [
+                theirs.as_fd(),
+                stdin_read.as_fd(),
+                stdout_write.as_fd(),
+                stderr_write.as_fd(),
+                report_write.as_fd(),
+                ready_write.as_fd(),
+                code_read.as_fd(),
+            ],
+        )?;
+        drop((theirs, stdin_read, stdout_write, stderr_write, report_write, ready_write, code_read));
+        let null =
+            rustix::fs::open("/dev/null", rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+        let now = Instant::now();
+        Ok(Run {
+            watch,
+            cgroup: Some(cgroup),
+            on_proxy,
+            gate: None,
+            wall_time: watch.wall_time,
+            cpu_time: watch.cpu_time,
+            kill: watch.kill.clone(),
+            wants_report: true,
+            wants_ready: true,
+            wants_code: true,
+            wants_proxy: false,
+            holds: false,
+            helper: None,
+            helper_pidfd,
+            forked: Some(crate::forked::ForkedRun::new(template)),
+            helper_done: false,
+            socket: ours,
+            init: None,
+            roots: Vec::new(),
+            spawned_at: now,
+            started_at: None,
+            ended_at: None,
+            killed_at: None,
+            next_check: now + CHECK_INTERVAL,
+            stdout: Stream::new(stdout_read, watch.output_bytes),
+            stderr: Stream::new(stderr_read, watch.output_bytes),
+            report: Some(Stream::new(report_read, watch.report_bytes as u64)),
+            ready: Some((ready_read, 0)),
+            code: Some(code_write),
+            stdin_held: Some(stdin_write),
+            requested_at: now,
+            stdin: None,
+            feed: None,
+            null,
+            sampler: Sampler::new(watch.stage, watch.open_files),
+            observed: Observed { forked: true, ..Observed::default() },
         })
     }
 
@@ -610,7 +731,8 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         let (socket, helper) = (self.socket.as_fd(), self.helper_pidfd.as_fd());
         let ended = self.ended_at.is_some() || self.observed.killed.is_some() || !self.observed.failures.is_empty();
         let alive = || !ended && !readable(socket) && !readable(helper);
-        let waiting = Waiting { alive: &alive, cgroup: self.cgroup, lowered: Default::default() };
+        let forked = self.forked.as_ref().and_then(|f| f.root.as_ref());
+        let waiting = Waiting { alive: &alive, cgroup: self.cgroup, lowered: Default::default(), forked };
         let released = gate(&waiting);
         self.observed.lowered = waiting.lowered.get();
         let Some(release) = released else {
@@ -637,6 +759,9 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
 
     /// The helper's messages (a handful per run).
     fn on_socket(&mut self) {
+        if self.forked.is_some() {
+            return self.on_template_socket();
+        }
         loop {
             match recv_nonblocking::<Reply>(self.socket.as_fd()) {
                 Ok(Some((reply, fds))) => self.on_reply(reply, fds),
@@ -646,6 +771,57 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
                     return;
                 }
             }
+        }
+    }
+
+    /// A forked run's messages from its template.
+    fn on_template_socket(&mut self) {
+        loop {
+            match recv_nonblocking::<protocol::FromTemplate>(self.socket.as_fd()) {
+                Ok(Some((message, fds))) => self.on_template(message, fds),
+                Ok(None) => return,
+                Err(e) => {
+                    self.fail(format!("a garbled message from the template: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_template(&mut self, message: protocol::FromTemplate, fds: Vec<OwnedFd>) {
+        use protocol::FromTemplate;
+        let Some(forked) = self.forked.as_mut() else { return };
+        match message {
+            FromTemplate::Forked { init_pid, code_pid } => {
+                let adopted = forked.adopt(init_pid, code_pid, fds, self.cgroup);
+                self.init = forked.init_pidfd();
+                self.roots.extend(forked.host_pids());
+                let released = adopted
+                    .and_then(|()| protocol::send(self.socket.as_fd(), &Control::Release, &[]).map_err(|e| {
+                        Failure::new("release the fork", "", &e)
+                    }));
+                if let Err(failure) = released {
+                    self.observed.setup_failure.get_or_insert(failure);
+                    self.kill_now();
+                }
+                if self.observed.killed.is_some() {
+                    self.kill_now();
+                }
+            }
+            FromTemplate::Setup { report } => match forked.check_setup(&report) {
+                Ok(started) => {
+                    self.observed.started = true;
+                    self.observed.layers = started.layers;
+                    self.observed.landlock_abi = crate::sys::landlock_abi();
+                }
+                Err(failure) => {
+                    self.observed.setup_failure.get_or_insert(failure);
+                    self.kill_now();
+                }
+            },
+            FromTemplate::Ended { code, init_first } => self.on_reply(Reply::Ended { code, init_first }, Vec::new()),
+            FromTemplate::Failed(failure) => self.on_reply(Reply::Failed(failure), Vec::new()),
+            FromTemplate::Ready => self.fail("the template sent an unexpected message".to_owned()),
         }
     }
 
@@ -739,8 +915,15 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         self.killed_at.get_or_insert_with(Instant::now);
     }
 
-    fn kill_helper(&self) {
-        let _ = pidfd_send_signal(&self.helper_pidfd, Signal::KILL);
+    /// Kills the helper; a forked run's template serves other runs, so
+    /// such a run is given up instead (its socket closed at the end, on
+    /// which the template kills the fork).
+    fn kill_helper(&mut self) {
+        if self.helper.is_some() {
+            let _ = pidfd_send_signal(&self.helper_pidfd, Signal::KILL);
+        } else {
+            self.helper_done = true;
+        }
     }
 
     /// Airlock's own machinery failed: say so, and end the run.
@@ -757,8 +940,8 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         // Reaped here only once it has exited (see `run`). wait4 rather than
         // Child::wait: its rusage sums the helper and every descendant it
         // reaped, the CPU time of a run without a cgroup.
-        let helper_pid = self.helper.id() as i32;
-        let helper_status = self.helper_done.then(|| crate::sys::wait4_cpu_time(helper_pid));
+        let helper_pid = self.helper.as_ref().map(|h| h.id() as i32);
+        let helper_status = helper_pid.filter(|_| self.helper_done).map(crate::sys::wait4_cpu_time);
         self.observed.rusage_cpu = helper_status.as_ref().and_then(|s| s.as_ref().ok()).map(|(cpu, _)| *cpu);
         self.on_socket();
         for stream in [Some(&mut self.stdout), Some(&mut self.stderr), self.report.as_mut()].into_iter().flatten() {
@@ -793,7 +976,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         }
         observed.stdout = self.stdout.finish();
         observed.stderr = self.stderr.finish();
-        let ending = (!self.helper_done).then_some(Ending(self.helper));
+        let ending = self.helper.filter(|_| !self.helper_done).map(Ending);
         (self.observed, ending)
     }
 }

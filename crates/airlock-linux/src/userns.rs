@@ -258,3 +258,28 @@ pub fn open_own(kind: &str) -> Result<OwnedFd, Failure> {
     rustix::fs::open(&path, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
         .map_err(|e| Failure::new("open the sandbox's namespaces", path, &e.into()))
 }
+
+/// A fork of a forked pool's template (see `fork`), its mounts made: a user
+/// namespace nested in the sandbox's, mapping only the sandbox's user onto
+/// itself. It has every capability in the new namespace and none over the
+/// template's: the mounts made so far can no longer be undone, and what it
+/// makes next (network, UTS, IPC, cgroup namespaces) is owned here.
+pub fn enter_nested() -> Result<(), Failure> {
+    let step = "create the run's user namespace";
+    let (uid, gid) = (rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw());
+    // Its own /proc files are its own to write only while it is dumpable;
+    // it becomes undumpable again before any code runs. Nothing else can
+    // name it meanwhile: it is alone in its PID namespace but for its init.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+        .map_err(|e| Failure::new(step, "PR_SET_DUMPABLE", &e.into()))?;
+    // SAFETY: CLONE_NEWUSER unshares no descriptor table or memory; this
+    // process has one thread (the template checks before each fork).
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER) }
+        .map_err(|e| Failure::new(step, "unshare(CLONE_NEWUSER)", &e.into()))?;
+    for (file, content) in
+        [("setgroups", "deny".to_owned()), ("uid_map", format!("{uid} {uid} 1")), ("gid_map", format!("{gid} {gid} 1"))]
+    {
+        fs::write(format!("/proc/self/{file}"), content).map_err(|e| Failure::new(step, format!("write {file}"), &e))?;
+    }
+    Ok(())
+}

@@ -22,11 +22,51 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use airlock_core::backend::{Claim, Claimed, WarmInstance};
-use airlock_core::{Execution, Job, KillSwitch, SandboxError, driver};
-use airlock_policy::Language;
+use airlock_core::{Execution, Instance, Job, KillSwitch, SandboxError, driver};
+use airlock_policy::{Language, SandboxPath};
 
-use crate::instance::{LinuxInstance, Warm};
-use crate::supervise::{Release, Waiting};
+use crate::instance::{LinuxInstance, Mode, Warm};
+use crate::supervise::{Gate, Release, Waiting};
+
+/// What a warm sandbox's thread runs: a sandbox started ahead of its run
+/// (a [`LinuxInstance`]), or a template's fork (`forked`).
+pub(crate) trait WarmRun: Send + 'static {
+    /// Runs it warm: `job` gives the language; the run waits in `gate`
+    /// for its claim.
+    fn run(&self, preload: &[String], job: &Job, gate: &mut Gate<'_>) -> Result<Execution, SandboxError>;
+    /// Copies one of the claim's files in, before the release; the bytes
+    /// copied for the run so far.
+    fn copy_in(&self, waiting: &Waiting<'_>, written: u64, path: &SandboxPath, data: &[u8])
+    -> Result<u64, SandboxError>;
+    /// The sandbox once its run is over, for reading its outputs.
+    fn into_instance(self: Box<Self>) -> Box<dyn Instance>;
+    /// Once its driver waits, before it is counted ready: what a fork's own
+    /// /tmp needs that a sandbox's has from its start.
+    fn prepare(&self, _waiting: &Waiting<'_>) -> Result<(), SandboxError> {
+        Ok(())
+    }
+}
+
+impl WarmRun for LinuxInstance {
+    fn run(&self, preload: &[String], job: &Job, gate: &mut Gate<'_>) -> Result<Execution, SandboxError> {
+        let unclaimed = KillSwitch::new();
+        self.run_as(job, &unclaimed, Mode::Warm(Warm { preload, gate }))
+    }
+
+    fn copy_in(
+        &self,
+        _waiting: &Waiting<'_>,
+        written: u64,
+        path: &SandboxPath,
+        data: &[u8],
+    ) -> Result<u64, SandboxError> {
+        LinuxInstance::copy_in(self, written, path, data)
+    }
+
+    fn into_instance(self: Box<Self>) -> Box<dyn Instance> {
+        self
+    }
+}
 
 /// A [`LinuxInstance`] started warm.
 pub struct WarmSandbox {
@@ -46,18 +86,7 @@ struct Request {
 
 impl WarmSandbox {
     /// Starts `instance` warm; returns once its preload is imported.
-    pub fn start(instance: LinuxInstance, preload: &[String]) -> Result<WarmSandbox, SandboxError> {
-        let refuse = |reason: &str| SandboxError::Unsupported {
-            backend: "linux",
-            what: "start this sandbox warm".to_owned(),
-            reason: reason.to_owned(),
-        };
-        if instance.cgroups.is_none() {
-            return Err(refuse("without a cgroup the preload's CPU time could not be told from the run's"));
-        }
-        if instance.policy.network.is_enabled() {
-            return Err(refuse("a run with allowed hosts starts its proxy at the release; it runs cold"));
-        }
+    pub(crate) fn start(instance: Box<dyn WarmRun>, preload: &[String]) -> Result<WarmSandbox, SandboxError> {
         let (ready_tx, ready_rx) = mpsc::channel();
         let (claims, claim_rx) = mpsc::sync_channel(1);
         let ended = Arc::new(AtomicBool::new(false));
@@ -128,18 +157,21 @@ impl WarmInstance for WarmSandbox {
 /// The warm run's thread: start the run, say when it is ready, wait for
 /// the claim, run it, hand the claim the sandbox and what it did.
 fn hold(
-    instance: LinuxInstance,
+    instance: Box<dyn WarmRun>,
     preload: &[String],
     ready_tx: &mpsc::Sender<Result<Option<PathBuf>, SandboxError>>,
     claims: &mpsc::Receiver<Request>,
 ) {
     let job = Job { language: Language::Python, ..Job::default() };
-    let unclaimed = KillSwitch::new();
     let mut was_ready = false;
     let mut claimed: Option<(mpsc::Sender<Claimed>, std::time::Duration)> = None;
     let outcome = {
         let mut gate = |waiting: &Waiting<'_>| -> Option<Release> {
             was_ready = true;
+            if let Err(error) = instance.prepare(waiting) {
+                let _ = ready_tx.send(Err(error));
+                return None;
+            }
             let ready_at = Instant::now();
             ready_tx.send(Ok(waiting.memory_usage_file())).ok()?;
             // The pool dropped the sandbox: end the run unclaimed.
@@ -157,7 +189,7 @@ fn hold(
             }
             let mut written = 0;
             for (path, data) in &claim.files {
-                match instance.copy_in(written, path, data) {
+                match instance.copy_in(waiting, written, path, data) {
                     Ok(total) => written = total,
                     Err(error) => {
                         let _ = reply.send(Claimed::Refused(error));
@@ -175,7 +207,7 @@ fn hold(
                 requested_at: claim.requested_at,
             })
         };
-        instance.run_as(&job, &unclaimed, Some(Warm { preload, gate: &mut gate }))
+        instance.run(preload, &job, &mut gate)
     };
     match claimed {
         Some((reply, waited)) => {
@@ -183,7 +215,7 @@ fn hold(
                 execution.usage.pool_wait_ms = Some(waited.as_millis() as u64);
                 execution
             });
-            let _ = reply.send(Claimed::Ran { instance: Box::new(instance), execution: Box::new(execution) });
+            let _ = reply.send(Claimed::Ran { instance: instance.into_instance(), execution: Box::new(execution) });
         }
         None if !was_ready => {
             let _ = ready_tx.send(Err(never_ready(outcome)));

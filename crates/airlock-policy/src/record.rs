@@ -323,6 +323,11 @@ pub enum RunStart {
     /// a cold start in force, its interpreter started and its preload
     /// imported; its clocks start when the code is released. Never reused.
     Pooled,
+    /// Forked from a pool's template, an interpreter that imported the
+    /// preload and ran no code: its own namespaces, /work, /tmp, cgroup and
+    /// layers, made after the fork; it shares the template's host ids,
+    /// address layout and hash seed with the template's other runs.
+    Forked,
 }
 
 /// Which isolation was in force for the run.

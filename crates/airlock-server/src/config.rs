@@ -48,6 +48,10 @@
 //!                               # only names nothing reads before the code starts: those known
 //!                               # to be read at start-up (PYTHON*, LD_*, OMP_*, LANG, TZ...) are
 //!                               # refused here
+//! mode = "pooled"               # "pooled": each ready sandbox a fresh interpreter that imported
+//!                               # the preload; "forked": each forked from one template that did
+//!                               # (tens of ms a sandbox, for throughput; forked runs share the
+//!                               # template's address layout and hash seed) [default: "pooled"]
 //! ```
 //!
 //! A pooled run answers without paying for its interpreter and imports;
@@ -65,7 +69,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use airlock::audit::{ContentsPolicy, DEFAULT_CONTENTS_QUOTA, KeepContents};
-use airlock::{CopyIn, CopyInError, HostFacts, Policy, PolicyError, PolicySpec, PoolOptions, Runtime, SandboxPath};
+use airlock::{
+    CopyIn, CopyInError, HostFacts, Policy, PolicyError, PolicySpec, PoolMode, PoolOptions, Runtime, SandboxPath,
+};
 use serde::Deserialize;
 use sha2::Digest;
 
@@ -120,6 +126,7 @@ pub struct PoolConfig {
     pub idle_expiry_s: Option<f64>,
     pub memory_budget_mb: Option<u64>,
     pub env_at_claim: Option<Vec<String>>,
+    pub mode: Option<String>,
 }
 
 /// The most sandboxes a pool keeps ready: each holds an interpreter with
@@ -372,7 +379,12 @@ fn check_pool(pool: &PoolConfig) -> Result<PoolOptions, ConfigError> {
     };
     let preload = pool.preload.clone().unwrap_or(defaults.preload);
     let env_at_claim = pool.env_at_claim.clone().unwrap_or_default();
-    let options = PoolOptions { size, preload, idle_expiry, memory_budget, env_at_claim };
+    let mode = match pool.mode.as_deref() {
+        None => defaults.mode,
+        Some(name) => PoolMode::parse(name)
+            .ok_or_else(|| invalid("pool.mode", &format!("{name:?} is not a mode: use \"pooled\" or \"forked\"")))?,
+    };
+    let options = PoolOptions { size, preload, idle_expiry, memory_budget, env_at_claim, mode };
     if let Some(bad) = options.bad_preload() {
         return Err(invalid(
             "pool.preload",
@@ -527,6 +539,7 @@ mod tests {
         assert_eq!(pool.memory_budget, Some(300 << 20));
         let pool = settings("[pool]\nenv_at_claim = [\"TASK_ID\"]").unwrap().pool.unwrap();
         assert_eq!(pool.env_at_claim, ["TASK_ID"]);
+        assert_eq!(settings("[pool]\nmode = \"forked\"").unwrap().pool.unwrap().mode, PoolMode::Forked);
         for (bad, setting) in [
             ("size = 1000", "pool.size"),
             ("preload = [\"os; import x\"]", "pool.preload"),
@@ -536,6 +549,7 @@ mod tests {
             ("env_at_claim = [\"PYTHONPATH\"]", "PYTHON* variables at its start"),
             ("env_at_claim = [\"TASK_ID\", \"OMP_NUM_THREADS\"]", "\"OMP_NUM_THREADS\" cannot be set at a claim"),
             ("env_at_claim = [\"A=B\"]", "not a variable's name"),
+            ("mode = \"fork\"", "use \"pooled\" or \"forked\""),
         ] {
             let error = settings(&format!("[pool]\n{bad}")).unwrap_err().to_string();
             assert!(error.contains(setting), "{bad}: {error}");

@@ -45,7 +45,7 @@ pub use airlock_core::record::without_operator_advice;
 pub use airlock_core::{Backend, KillSwitch, Runtime, RuntimeFile, RuntimeMount, SandboxError};
 pub use airlock_policy::*;
 pub use artifacts::save_to_host;
-pub use pool::{Pool, PoolOptions, PoolStats, READ_AT_START};
+pub use pool::{Pool, PoolMode, PoolOptions, PoolStats, READ_AT_START};
 pub use sandbox::{
     Audit, Output, RunError, RunRequest, Sandbox, SandboxOptions, backend_for, host_facts, install_wasm_backend,
 };

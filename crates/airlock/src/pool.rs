@@ -56,7 +56,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use airlock_core::{
-    ArtifactError, Backend, Claim, Claimed, Execution, Instance, Job, KillSwitch, Runtime, SandboxError, WarmInstance,
+    ArtifactError, Backend, Claim, Claimed, Execution, Instance, Job, KillSwitch, Runtime, SandboxError, Template,
+    WarmInstance,
 };
 use airlock_policy::{BackendKind, Language, Limits, Policy, RunRecord, SandboxPath};
 
@@ -86,6 +87,43 @@ pub struct PoolOptions {
     /// any other runs cold. [`PoolOptions::refused_env_at_claim`] names
     /// those known to be read at start-up, which [`Pool::new`] refuses.
     pub env_at_claim: Vec<String>,
+    /// How the ready sandboxes are made.
+    pub mode: PoolMode,
+}
+
+/// How a pool makes its ready sandboxes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolMode {
+    /// Each one made as a cold run's sandbox is, its own interpreter
+    /// started and its preload imported (a second or so each with pandas):
+    /// nothing at all shared between runs. The default.
+    #[default]
+    Pooled,
+    /// Each one forked from a template: one sandbox per pool whose
+    /// interpreter imported the preload and runs no code; each fork makes
+    /// its own namespaces, /work, /tmp, cgroup and layers before its run (tens
+    /// of milliseconds). Forked runs share the template's address layout,
+    /// hash seed and host ids (docs/design.md, "Forked starts"); the
+    /// template is made anew at the idle expiry.
+    Forked,
+}
+
+impl PoolMode {
+    /// The mode a configuration names (`pooled`, `forked`).
+    pub fn parse(name: &str) -> Option<PoolMode> {
+        match name {
+            "pooled" => Some(PoolMode::Pooled),
+            "forked" => Some(PoolMode::Forked),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolMode::Pooled => "pooled",
+            PoolMode::Forked => "forked",
+        }
+    }
 }
 
 /// Variables read when an interpreter starts or its preload is imported,
@@ -173,6 +211,7 @@ impl Default for PoolOptions {
             idle_expiry: Duration::from_secs(600),
             memory_budget: None,
             env_at_claim: Vec::new(),
+            mode: PoolMode::Pooled,
         }
     }
 }
@@ -204,6 +243,10 @@ pub struct PoolStats {
     pub last_refill_error: Option<String>,
     /// Ready sandboxes destroyed for their age.
     pub expired: u64,
+    /// Templates started (a forked pool's), and the memory the live one
+    /// holds (in `memory_bytes` too).
+    pub templates: u64,
+    pub template_memory_bytes: Option<u64>,
 }
 
 /// Sandboxes made ready ahead of their runs, for one policy and one
@@ -226,6 +269,9 @@ struct Shared {
     misses: AtomicU64,
     unsuited: AtomicU64,
     reaper: Reaper,
+    /// A forked pool's template, and when it was started; the refill
+    /// thread's alone.
+    template: Mutex<Option<(Box<dyn Template>, Instant)>>,
 }
 
 #[derive(Default)]
@@ -238,6 +284,8 @@ struct State {
     refill_failures: u64,
     last_refill_error: Option<String>,
     expired: u64,
+    templates: u64,
+    template_memory: Option<u64>,
 }
 
 struct Entry {
@@ -366,6 +414,7 @@ impl Pool {
             misses: AtomicU64::new(0),
             unsuited: AtomicU64::new(0),
             reaper: Reaper::default(),
+            template: Mutex::new(None),
         });
         let mut threads = Vec::new();
         // A policy with extra packages suits no ready sandbox (`suits`):
@@ -399,7 +448,7 @@ impl Pool {
         PoolStats {
             size: self.shared.options.size,
             ready: state.ready.len(),
-            memory_bytes: held.iter().copied().sum(),
+            memory_bytes: held.iter().copied().sum::<Option<u64>>().map(|m| m + state.template_memory.unwrap_or(0)),
             hits: self.shared.hits.load(Ordering::Relaxed),
             misses: self.shared.misses.load(Ordering::Relaxed),
             unsuited: self.shared.unsuited.load(Ordering::Relaxed),
@@ -409,6 +458,8 @@ impl Pool {
             refill_failures: state.refill_failures,
             last_refill_error: state.last_refill_error.clone(),
             expired: state.expired,
+            templates: state.templates,
+            template_memory_bytes: state.template_memory,
         }
     }
 
@@ -479,6 +530,8 @@ impl Pool {
         for thread in threads {
             let _ = thread.join();
         }
+        // Its forks already handed out keep it alive until their runs end.
+        drop(self.shared.template.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
     }
 
     /// Runs `request` with `policy` in [`Pool::sandbox`], `files` copied
@@ -756,13 +809,37 @@ impl Shared {
         taken
     }
 
+    /// A forked pool's next sandbox: a fork of its template, started first
+    /// when there is none, it ended, or it is past the idle expiry (the
+    /// forks already made keep the old one alive until their runs are over).
+    fn fork(&self) -> Result<Box<dyn WarmInstance>, SandboxError> {
+        let mut template = self.template.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let fresh = |(t, made): &(Box<dyn Template>, Instant)| t.is_ready() && made.elapsed() < self.options.idle_expiry;
+        if !template.as_ref().is_some_and(fresh) {
+            *template = None;
+            let started = self
+                .backend
+                .create(&self.policy, &self.runtime)
+                .and_then(|instance| instance.start_template(&self.options.preload))?;
+            *template = Some((started, Instant::now()));
+            self.lock().templates += 1;
+        }
+        let (template, _) = template.as_ref().ok_or_else(|| SandboxError::Setup {
+            step: "fork a run".to_owned(),
+            detail: "the pool has no template".to_owned(),
+        })?;
+        let memory = template.memory_bytes();
+        self.lock().template_memory = memory;
+        template.fork()
+    }
+
     /// Whether one more ready sandbox would take the pool past its memory
     /// budget, judged by the ones ready now (none ready: never).
     fn over_budget(&self, state: &State) -> bool {
         let Some(budget) = self.options.memory_budget else { return false };
         let held: Vec<u64> = state.ready.iter().filter_map(|entry| entry.warm.memory_bytes()).collect();
         let Some(count) = std::num::NonZeroU64::new(held.len() as u64) else { return false };
-        let total: u64 = held.iter().sum();
+        let total: u64 = held.iter().sum::<u64>() + state.template_memory.unwrap_or(0);
         total + total / count > budget
     }
 
@@ -813,10 +890,13 @@ impl Shared {
                 }
             }
             let began = Instant::now();
-            let made = self
-                .backend
-                .create(&self.policy, &self.runtime)
-                .and_then(|instance| instance.start_warm(&self.options.preload));
+            let made = match self.options.mode {
+                PoolMode::Pooled => self
+                    .backend
+                    .create(&self.policy, &self.runtime)
+                    .and_then(|instance| instance.start_warm(&self.options.preload)),
+                PoolMode::Forked => self.fork(),
+            };
             let mut state = self.lock();
             match made {
                 Ok(warm) => {

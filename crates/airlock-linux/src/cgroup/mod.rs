@@ -80,6 +80,10 @@ pub trait RunCgroup: Send {
     /// included) to these, for a warm sandbox's claim. Refused, nothing
     /// changed, where the run already uses as much as the lower limit.
     fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String>;
+    /// Moves the process `pid` (a host pid) into the cgroup, from outside:
+    /// a forked run's processes, which the template made elsewhere and
+    /// which wait until both are moved.
+    fn adopt(&self, pid: i32) -> io::Result<()>;
 }
 
 /// Checks a lower limit against the usage in `current`: `Err` says why it

@@ -143,6 +143,14 @@ impl RunCgroup for V1Cgroup {
         self.memory.join("memory.usage_in_bytes")
     }
 
+    fn adopt(&self, pid: i32) -> io::Result<()> {
+        // One write per hierarchy; the process waits through all of them.
+        for dir in &self.made {
+            write(&dir.join("cgroup.procs"), pid.to_string())?;
+        }
+        Ok(())
+    }
+
     fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String> {
         if let Some(limit) = memory_bytes {
             // As at creation: memory+swap and socket buffers get the same

@@ -128,6 +128,10 @@ impl RunCgroup for V2Cgroup {
         self.dir.join("memory.current")
     }
 
+    fn adopt(&self, pid: i32) -> io::Result<()> {
+        write(&self.dir.join("cgroup.procs"), pid.to_string())
+    }
+
     fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String> {
         if let Some(limit) = memory_bytes {
             lower("memory", &self.memory_usage_file(), &[&self.dir.join("memory.max")], limit, MIB)?;

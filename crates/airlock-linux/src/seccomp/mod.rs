@@ -220,6 +220,8 @@ const SYMBOLS: &[(&str, u32)] = &[
     ("FICLONE", 0x4004_9409),
     ("FICLONERANGE", 0x4020_940D),
     ("SIOCGIFNAME", 0x8910),
+    ("SIOCGIFFLAGS", 0x8913),
+    ("SIOCSIFFLAGS", 0x8914),
     ("SIOCGIFINDEX", 0x8933),
     // socket families, types, protocols
     ("AF_UNIX", 1),

@@ -344,6 +344,7 @@ fn the_template_filter_is_the_default_but_for_what_its_forks_need() {
         "landlock_add_rule",
         "landlock_restrict_self",
         "unshare",
+        "ioctl",
     ];
     for arch in Arch::ALL {
         let (default, _) = compiled(arch);
@@ -368,6 +369,13 @@ fn the_template_filter_is_the_default_but_for_what_its_forks_need() {
         assert_eq!(call("unshare", NAMESPACES), Action::Allow, "{arch}: unshare of every namespace a fork makes");
         assert_eq!(call("unshare", 0x1000_0000), Action::Allow, "{arch}: the nested user namespace");
         assert_eq!(call("unshare", CLONE_NEWTIME), EPERM, "{arch}: a time namespace");
+        let ioctl = |request: u64| {
+            let nr = policy.number("ioctl").unwrap_or_else(|| panic!("{arch}: no ioctl"));
+            (run(arch, &program, nr, [3, request, 0, 0, 0, 0]), default.decide(nr, [3, request, 0, 0, 0, 0]))
+        };
+        assert_eq!(ioctl(0x8914).0, Action::Allow, "{arch}: a fork's loopback up");
+        assert_ne!(ioctl(0x8914).1, Action::Allow, "{arch}: the default refuses it");
+        assert_eq!(ioctl(0x5412).0, ioctl(0x5412).1, "{arch}: TIOCSTI as the default decides");
         assert_eq!(call("unshare", NAMESPACES | CLONE_NEWTIME), EPERM, "{arch}: with a time namespace");
         // What stays refused: namespaces through clone, mounts by other means, a new root.
         assert_eq!(call("clone", 0x2000_0000 | 17), EPERM, "{arch}: clone with CLONE_NEWPID");

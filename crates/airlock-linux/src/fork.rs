@@ -1,0 +1,146 @@
+//! The forked mode's child half (docs/design.md, "Forked starts"): what the
+//! two forks of a pool's template do to become one run's sandbox.
+//!
+//! The template is a sandbox like any other (its own host ids, namespaces,
+//! mounts, cgroup, rlimits), whose interpreter imported the preload and
+//! kept CAP_SYS_ADMIN in the sandbox's user namespace, no Landlock domain
+//! and the template's seccomp filter (`seccomp/template.toml`). It never
+//! runs user code. For each run it forks twice with Python's own `os.fork`
+//! (so CPython's at-fork hooks run) and each fork calls into this module
+//! through the `airlock-fork` library, with descriptors and integers only:
+//!
+//! 1. [`unshare_pid`] in the template; the first fork is PID 1 of the new
+//!    PID namespace and becomes the run's [`init`]; the second, PID 2, the
+//!    code's process; [`join_pid_namespace`] takes the template back to its
+//!    own for the next run's forks.
+//! 2. The code's process, once the supervisor has moved both into the run's
+//!    cgroup, runs [`child`]: a fresh mount namespace with its own /work,
+//!    /tmp and /proc, then a nested user namespace (which leaves it no
+//!    capability over the template's namespaces), fresh network, IPC, UTS
+//!    and cgroup namespaces, rlimits, every capability dropped, Landlock,
+//!    only its descriptors, the run's filter stacked on the template's. It
+//!    returns into Python, which reseeds its generators and runs the driver.
+//!
+//! The supervisor takes none of this on the fork's word: it checks the
+//! code's process from outside before it releases any code (`forked`).
+
+use std::convert::Infallible;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use rustix::thread::UnshareFlags;
+
+use crate::protocol::{CodeSetup, Failure, ForkPlan};
+use crate::{caps, landlock, limits, mounts, network, process, sys, userns};
+
+/// The descriptors the code's process keeps, at these numbers, as the
+/// template arranges them before [`child`]: 0 to 2 its streams, then the
+/// report pipe, the ready pipe, the code pipe (the driver's), and the setup
+/// pipe (closed by the driver once its generators are reseeded).
+pub const KEPT_FDS: RawFd = 7;
+
+/// The namespaces the code's process makes once inside the nested user
+/// namespace, which owns them, so that it may set them up without any
+/// capability over the template's (the cgroup namespace after the move
+/// into the run's cgroup, which is then its root).
+const INNER_NAMESPACES: UnshareFlags = UnshareFlags::NEWNET
+    .union(UnshareFlags::NEWIPC)
+    .union(UnshareFlags::NEWUTS)
+    .union(UnshareFlags::NEWCGROUP);
+
+/// In the template: the PID namespace its next children are born in.
+pub fn unshare_pid() -> Result<(), Failure> {
+    // SAFETY: CLONE_NEWPID changes only the namespace of this process's
+    // future children: nothing Rust or Python holds is unshared.
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWPID) }
+        .map_err(|e| Failure::new("make the run's PID namespace", "unshare(CLONE_NEWPID)", &e.into()))
+}
+
+/// In the template, after both forks: back to its own PID namespace for
+/// children (`fd`, its `/proc/self/ns/pid`), without which the kernel
+/// refuses the next run's `unshare(CLONE_NEWPID)`.
+pub fn join_pid_namespace(fd: RawFd) -> Result<(), Failure> {
+    // SAFETY: the caller passes a descriptor it keeps open for the call.
+    let ns = unsafe { BorrowedFd::borrow_raw(fd) };
+    rustix::thread::move_into_link_name_space(ns, Some(rustix::thread::LinkNameSpaceType::ProcessID))
+        .map_err(|e| Failure::new("rejoin the template's PID namespace", "setns", &e.into()))
+}
+
+/// The first fork, PID 1 of the run's namespace: leaves the template's
+/// session, holds no capability, is undumpable, has the run's filter, says
+/// so on `ready`, keeps no descriptor, and reaps orphans until the template kills it at the run's
+/// end, which ends every process of the run. As a cold run's init, it
+/// observes and reports nothing: the code may signal it, never fool it.
+pub fn init(plan: RawFd, lifeline: RawFd, ready: RawFd) -> Result<Infallible, Failure> {
+    process::die_with_parent(None)?;
+    // SAFETY: the template hands this fork its copy of the lifeline's read end.
+    process::exit_if_parent_gone(unsafe { OwnedFd::from_raw_fd(lifeline) })?;
+    let plan = read_plan(plan)?;
+    rustix::process::setsid().map_err(|e| Failure::new("leave the template's session", "setsid", &e.into()))?;
+    process::not_dumpable()?;
+    caps::drop_all()?;
+    sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
+    // SAFETY: the template keeps the ready pipe open at this number for the call.
+    let ready = unsafe { BorrowedFd::borrow_raw(ready) };
+    rustix::io::write(ready, b"1").map_err(|e| Failure::new("report the init ready", "", &e.into()))?;
+    // Last, every descriptor. This process never returns into Python,
+    // whose objects held none of them.
+    sys::close_from_except(0, -1).map_err(|e| Failure::new("close descriptors", "", &e))?;
+    sys::reap_orphans_forever()
+}
+
+/// The second fork, the code's process (PID 2), once in the run's cgroup:
+/// its standard streams and descriptors as [`KEPT_FDS`] says, a session of
+/// its own. Returns with every layer in force, or the step that failed.
+pub fn child(plan: RawFd, setup: RawFd, lifeline: RawFd) -> Result<(), Failure> {
+    process::die_with_parent(None)?;
+    // SAFETY: the template hands this fork its copy of the lifeline's read end.
+    process::exit_if_parent_gone(unsafe { OwnedFd::from_raw_fd(lifeline) })?;
+    let plan = read_plan(plan)?;
+    // With the template's CAP_SYS_ADMIN, in the sandbox's user namespace.
+    // SAFETY: CLONE_NEWNS copies the mount table only: no descriptor table
+    // or memory is unshared.
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }
+        .map_err(|e| Failure::new("make the run's namespaces", "unshare(CLONE_NEWNS)", &e.into()))?;
+    mounts::build_fork_root(plan.disk_bytes, plan.disk_inodes)?;
+    userns::enter_nested()?;
+    // SAFETY: as above: namespaces only.
+    unsafe { rustix::thread::unshare_unsafe(INNER_NAMESPACES) }
+        .map_err(|e| Failure::new("make the run's namespaces", "unshare", &e.into()))?;
+    rustix::system::sethostname(plan.hostname.as_bytes())
+        .map_err(|e| Failure::new("set the hostname", "", &e.into()))?;
+    network::loopback_up()?;
+    limits::apply(&plan.rlimits)?;
+    caps::drop_all()?;
+    process::not_dumpable()?;
+    if let Some(landlock) = &plan.landlock {
+        // SAFETY: the template keeps the setup pipe open at this number until the driver closes it.
+        let setup = unsafe { BorrowedFd::borrow_raw(setup) };
+        process::report_setup(setup, &CodeSetup::Landlock(landlock::restrict(landlock)?));
+    }
+    rustix::process::chdir("/work").map_err(|e| Failure::new("enter /work", "chdir", &e.into()))?;
+    // Everything past the kept ones goes (the plan's memfd among them).
+    // Python holds none of them: the template passed them as numbers.
+    sys::close_from_except(KEPT_FDS, -1).map_err(|e| Failure::new("close descriptors", "", &e))?;
+    sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp", "", &e))
+}
+
+/// The plan from its memfd, read from its start: both forks read the same
+/// file, whose offset they share.
+fn read_plan(fd: RawFd) -> Result<ForkPlan, Failure> {
+    let step = "read the fork's plan";
+    // SAFETY: the template keeps the memfd open at this number for the call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let mut body = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = rustix::io::pread(fd, &mut buf, body.len() as u64).map_err(|e| Failure::new(step, "", &e.into()))?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&buf[..n]);
+        if body.len() > 1024 * 1024 {
+            return Err(Failure::plain(step, "the plan is larger than 1 MiB"));
+        }
+    }
+    serde_json::from_slice(&body).map_err(|e| Failure::plain(step, e.to_string()))
+}
