@@ -334,6 +334,9 @@ struct Run<'a, 'w, 'p, 'g> {
     helper_pidfd: OwnedFd,
     /// A forked run's state.
     forked: Option<crate::forked::ForkedRun<'a>>,
+    /// A fork's driver said its preload is imported before its setup was
+    /// checked: the gate opens once it is.
+    preloaded: bool,
     helper_done: bool,
     socket: OwnedFd,
     /// The run's init: killing it ends the run.
@@ -466,6 +469,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             helper: Some(child),
             helper_pidfd,
             forked: None,
+            preloaded: false,
             helper_done: false,
             socket,
             init: None,
@@ -541,6 +545,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             helper: None,
             helper_pidfd,
             forked: Some(crate::forked::ForkedRun::new(template)),
+            preloaded: false,
             helper_done: false,
             socket: ours,
             init: None,
@@ -708,7 +713,15 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         }
         for byte in bytes {
             match byte {
-                driver::READY_PRELOADED if self.gate.is_some() => self.on_preloaded(),
+                driver::READY_PRELOADED if self.gate.is_some() => {
+                    // A fork's driver may say so before its template relays
+                    // its setup: the claim waits for the checks.
+                    if self.forked.as_ref().is_some_and(|f| f.root.is_none()) {
+                        self.preloaded = true;
+                    } else {
+                        self.on_preloaded();
+                    }
+                }
                 driver::READY_CODE if self.observed.first_instruction.is_none() && self.feed_done() => {
                     self.observed.first_instruction = Some(self.requested_at.elapsed());
                 }
@@ -729,7 +742,10 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         // Whatever the helper said meanwhile (the code's start, its end) first.
         self.on_socket();
         let (socket, helper) = (self.socket.as_fd(), self.helper_pidfd.as_fd());
-        let ended = self.ended_at.is_some() || self.observed.killed.is_some() || !self.observed.failures.is_empty();
+        let ended = self.ended_at.is_some()
+            || self.observed.killed.is_some()
+            || self.observed.setup_failure.is_some()
+            || !self.observed.failures.is_empty();
         let alive = || !ended && !readable(socket) && !readable(helper);
         let forked = self.forked.as_ref().and_then(|f| f.root.as_ref());
         let waiting = Waiting { alive: &alive, cgroup: self.cgroup, lowered: Default::default(), forked };
@@ -813,6 +829,9 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
                     self.observed.started = true;
                     self.observed.layers = started.layers;
                     self.observed.landlock_abi = crate::sys::landlock_abi();
+                    if std::mem::take(&mut self.preloaded) {
+                        self.on_preloaded();
+                    }
                 }
                 Err(failure) => {
                     self.observed.setup_failure.get_or_insert(failure);
