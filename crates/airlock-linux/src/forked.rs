@@ -54,8 +54,12 @@ pub(crate) const TEMPLATE_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24
 /// The namespaces a fork's code process must not share with its template.
 const OWN_NAMESPACES: [&str; 7] = ["mnt", "net", "ipc", "uts", "cgroup", "user", "pid"];
 
-/// Where the forks' native library is: [`NATIVE_ENV`], else beside `helper`.
-pub fn native_library(helper: &std::path::Path) -> Result<PathBuf, SandboxError> {
+/// Where the forks' native library is: the backend's own, else
+/// [`NATIVE_ENV`], else beside `helper`.
+pub fn native_library(helper: &std::path::Path, given: Option<&std::path::Path>) -> Result<PathBuf, SandboxError> {
+    if let Some(path) = given {
+        return Ok(path.to_owned());
+    }
     if let Some(path) = std::env::var_os(NATIVE_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(path));
     }
@@ -147,7 +151,7 @@ impl LinuxTemplate {
         if !instance.degraded.is_empty() {
             return Err(refuse("a fork must put every layer of the policy in force; a degraded policy runs pooled or cold"));
         }
-        let native = native_library(&instance.helper)?;
+        let native = native_library(&instance.helper, instance.fork_library.as_deref())?;
         let native = std::fs::read(&native)
             .map_err(|e| SandboxError::io(&format!("reading the native library {}", native.display()), e))?;
         let (ours, theirs) = rustix::net::socketpair(

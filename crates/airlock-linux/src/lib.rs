@@ -82,6 +82,8 @@ pub const HELPER_NAME: &str = "airlock-init";
 #[derive(Debug, Default)]
 pub struct LinuxBackend {
     helper: Option<PathBuf>,
+    /// The forked mode's native library, where it is not beside the helper.
+    fork_library: Option<PathBuf>,
     state: OnceLock<HostState>,
 }
 
@@ -103,7 +105,14 @@ impl LinuxBackend {
 
     /// A backend using this helper binary.
     pub fn with_helper(helper: impl Into<PathBuf>) -> LinuxBackend {
-        LinuxBackend { helper: Some(helper.into()), state: OnceLock::new() }
+        LinuxBackend { helper: Some(helper.into()), fork_library: None, state: OnceLock::new() }
+    }
+
+    /// This backend, its forked templates loading the native library at
+    /// `path` (see [`FORK_LIB_NAME`]) rather than the one beside the helper.
+    pub fn with_fork_library(mut self, path: impl Into<PathBuf>) -> LinuxBackend {
+        self.fork_library = Some(path.into());
+        self
     }
 
     fn state(&self) -> &HostState {
@@ -192,6 +201,7 @@ impl Backend for LinuxBackend {
             );
         }
         Ok(Box::new(LinuxInstance {
+            fork_library: self.fork_library.clone(),
             helper,
             policy: policy.clone(),
             runtime: runtime.clone(),
