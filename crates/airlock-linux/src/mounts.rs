@@ -606,7 +606,8 @@ pub fn build_fork_root(bytes: u64, inodes: u64) -> Result<(), Failure> {
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     // The tmpfs goes on /work first; its two folders then cover /tmp and
     // /work, and its own root stays hidden below them.
-    let options = format!("size={bytes},nr_inodes={inodes},mode=0755");
+    // Three inodes more than the run's: the tmpfs's root and its two folders.
+    let options = format!("size={bytes},nr_inodes={},mode=0755", inodes + 3);
     mount_fs("tmpfs", Path::new("/work"), MountFlags::NOSUID | MountFlags::NODEV, &options)
         .map_err(|e| Failure::new(step, "mount", &e.into()))?;
     for (dir, mode) in [("/work/tmp", 0o1777), ("/work/work", 0o755)] {
