@@ -322,6 +322,16 @@ fn killed_at_its_memory_limit_and_its_own_clocks(mode: PoolMode) {
 
 #[test]
 fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
+    cannot_refill_runs_cold_and_says_why(PoolMode::Pooled);
+}
+
+/// A template whose preload fails never serves forks: as a pool's refill.
+#[test]
+fn a_forked_pool_whose_template_cannot_start_runs_cold_and_says_why() {
+    cannot_refill_runs_cold_and_says_why(PoolMode::Forked);
+}
+
+fn cannot_refill_runs_cold_and_says_why(mode: PoolMode) {
     let _alone = exclusive();
     let options = PoolOptions {
         size: 1,
@@ -329,7 +339,7 @@ fn a_pool_that_cannot_refill_runs_cold_and_says_why() {
         idle_expiry: Duration::from_secs(600),
         memory_budget: None,
         env_at_claim: Vec::new(),
-        mode: PoolMode::Pooled,
+        mode,
     };
     let pool = Pool::with_backend(linux(), Policy::default(), data_image(), options, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -576,11 +586,22 @@ fn children() -> Vec<String> {
 /// sandbox's namespaces and host id are still held.
 #[test]
 fn a_pool_closed_right_after_a_run_leaves_no_process_cgroup_mount_or_namespace() {
+    closed_right_after_a_run_leaves_nothing(PoolMode::Pooled);
+}
+
+/// As above, for a forked pool: its template, its forks made ready and the
+/// run's fork all go with `close`.
+#[test]
+fn a_forked_pool_closed_right_after_a_run_leaves_no_process_cgroup_mount_or_namespace() {
+    closed_right_after_a_run_leaves_nothing(PoolMode::Forked);
+}
+
+fn closed_right_after_a_run_leaves_nothing(mode: PoolMode) {
     let _alone = exclusive();
     let held_before = sandbox_descriptors();
     assert!(children().is_empty(), "children before the pool: {:?}", children());
-    let pool = pool(Policy::default(), 1, &[]);
-    assert_eq!(pooled_ok(&run(&pool, "print(6 * 7)")), "42");
+    let pool = pool_in(mode, Policy::default(), 1, &[]);
+    assert_eq!(served_ok(&run(&pool, "print(6 * 7)"), mode), "42");
     pool.close();
     assert_eq!(airlock_tests::leftovers(""), Vec::<String>::new(), "cgroups or mounts left after close");
     assert_eq!(children(), Vec::<String>::new(), "processes left after close");
@@ -590,7 +611,6 @@ fn a_pool_closed_right_after_a_run_leaves_no_process_cgroup_mount_or_namespace()
     assert_eq!(record.usage.start, Some(RunStart::Cold), "{:?}", record.isolation.details);
     assert_eq!(sandbox_descriptors(), held_before, "a cold run's sandbox outlived its run after close");
 }
-
 
 /// A stand-in for the forks' native library that lies: its forks look
 /// confined where a process's word could be taken (every capability set
