@@ -1398,6 +1398,37 @@ fn a_pooled_server_answers_warm_shrinks_and_refills_under_load_and_leaves_nothin
     assert!(alive.is_empty(), "outlived the server: {alive:?}");
 }
 
+/// `[pool] mode = "forked"`: the server's ready sandboxes are forks of one
+/// template; a burst past the pool is answered, warm or cold, and SIGTERM
+/// ends the template and every fork with the server.
+#[test]
+fn a_forked_pool_server_answers_from_forks_and_leaves_nothing_behind() {
+    let mut server = Server::start("[pool]\nsize = 2\nmode = \"forked\"\npreload = [\"numpy\", \"pandas\"]\n", &[]);
+    let job = json!({"code": "import pandas as pd\nprint(pd.DataFrame({'x': [1, 2, 3]}).x.sum())"});
+    for _ in 0..3 {
+        wait_pool_ready(&server, 1);
+        let (status, record) = json_of(server.post_run(ALICE, &job));
+        assert_eq!(status, StatusCode::OK, "{record}");
+        assert_eq!((record["status"].as_str(), record["stdout"].as_str()), (Some("ok"), Some("6\n")), "{record}");
+        assert_eq!(record["usage"]["start"], "forked", "{}", record["isolation"]);
+    }
+    wait_pool_ready(&server, 2);
+    let records: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6).map(|_| scope.spawn(|| json_of(server.post_run(ALICE, &job)).1)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for record in &records {
+        assert_eq!(record["stdout"], "6\n", "{record}");
+    }
+    assert!(records.iter().any(|r| r["usage"]["start"] == "forked"), "no run of the burst was forked");
+    wait_pool_ready(&server, 2);
+    let started = descendants(server.pid);
+    assert!(server.stop().success());
+    assert_nothing_left(server.pid, "");
+    let alive: Vec<_> = started.iter().filter(|p| still_running(p)).collect();
+    assert!(alive.is_empty(), "outlived the server: {alive:?}");
+}
+
 /// A process as /proc shows it: pid, start time (clock ticks since boot), command line.
 #[derive(Debug, PartialEq)]
 struct Proc {
