@@ -85,12 +85,7 @@ fn provide(shipped: &Shipped) -> Result<(), String> {
     Ok(())
 }
 
-fn build_here(
-    manifest: &Path,
-    cargo_target: &[&str],
-    binary: &str,
-    profile_dir: &Path,
-) -> Result<PathBuf, String> {
+fn build_here(manifest: &Path, cargo_target: &[&str], binary: &str, profile_dir: &Path) -> Result<PathBuf, String> {
     let target = env::var("TARGET").map_err(|_| "cargo did not set TARGET")?;
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let target_dir = profile_dir.parent().unwrap_or(profile_dir).join("shipped-binaries");

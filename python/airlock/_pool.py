@@ -87,7 +87,7 @@ class Pool(_Closable):
         its address layout, its hash seed (``random``, ``numpy.random`` and
         ``os.urandom`` are reseeded in each fork), its host ids. A pool with
         ``network`` hosts, or a degraded policy, cannot fork: its runs are
-        served cold, the record saying why.
+        served cold, and ``stats().last_refill_error`` says why.
     :param env_at_claim: variables a run's ``env`` may set, change or remove
         and still run warm (default: none), such as ``["TASK_ID"]``. Only
         names nothing reads before the code starts: the interpreter, the
