@@ -8,16 +8,18 @@ in the same run, in this one process; ``bench/pool_arms.sh`` sets them up.
       into an audit store as the server does) and http (POST /v1/runs to
       `airlock serve` with [pool], over loopback, one kept-alive
       connection): the order rotated every round. Each pooled arm waits,
-      untimed, until both pools are full before its run.
+      untimed, until both pools are full before its run. Both pools run in
+      POOL_MODE (pooled, the default, or forked).
   throughput MODE SECONDS THREADS CODE_FILE CSV|-
-      MODE pooled (a pool of POOL_SIZE, default 2) or cold (a Sandbox per
-      job): jobs back to back on THREADS threads for SECONDS (the sustained
+      MODE pooled or forked (a pool of POOL_SIZE, default 2, in that mode)
+      or cold (a Sandbox per job): jobs back to back on THREADS threads for SECONDS (the sustained
       rate), then arrivals at a fixed pace of 50 % and 90 % of that rate for
       SECONDS each: latency p50 and p99 from arrival to result, queueing
-      included.
-  memory SIZE...
-      a pool of each SIZE, filled: the memory its ready sandboxes hold
-      (their cgroups' usage), in all and per sandbox.
+      included; how many runs the pool served warm (pooled or forked).
+  memory MODE SIZE...
+      a pool of each SIZE in MODE (pooled, forked), filled: the memory its
+      ready sandboxes hold (their cgroups' usage, a forked pool's template
+      included), in all and per sandbox.
 
 Environment: AIRLOCK (the airlock binary, for `airlock serve`). Prints one
 JSON object per measurement.
@@ -82,16 +84,16 @@ class Job:
 
 
 class Server:
-    """`airlock serve` with a pool of `size`, on loopback."""
+    """`airlock serve` with a pool of `size` in `mode`, on loopback."""
 
-    def __init__(self, workdir, size):
+    def __init__(self, workdir, size, mode):
         sha = __import__("hashlib").sha256(TOKEN.encode()).hexdigest()
         config = os.path.join(workdir, "airlock.toml")
         with open(config, "w") as f:
             f.write(
                 f'listen = "127.0.0.1:0"\nconcurrency = 2\nqueue = 64\n'
                 f'audit_db = "{workdir}/server-audit.sqlite3"\n'
-                f'[pool]\nsize = {size}\n[[tokens]]\nname = "bench"\nsha256 = "{sha}"\n'
+                f'[pool]\nsize = {size}\nmode = "{mode}"\n[[tokens]]\nname = "bench"\nsha256 = "{sha}"\n'
             )
         self.log = open(os.path.join(workdir, "server.log"), "w+")
         self.process = subprocess.Popen([os.environ["AIRLOCK"], "serve", "--config", config], stderr=self.log)
@@ -145,9 +147,10 @@ def latency(args):
     job = Job(code_file, csv)
     body = job.body()
     with tempfile.TemporaryDirectory() as workdir:
-        server = Server(workdir, 1)
+        mode = os.environ.get("POOL_MODE", "pooled")
+        server = Server(workdir, 1, mode)
         try:
-            with Pool(size=1, audit=os.path.join(workdir, "library-audit.sqlite3")) as pool:
+            with Pool(size=1, mode=mode, audit=os.path.join(workdir, "library-audit.sqlite3")) as pool:
 
                 def both_ready():
                     if not pool.wait_ready(1, FILL_S):
@@ -165,8 +168,8 @@ def latency(args):
                     with pool.sandbox() as sb:
                         out = job.run_in(sb)
                     ms = (time.perf_counter() - start) * 1000
-                    if out.usage.start != "pooled":
-                        sys.exit(f"a library run went cold: {out.record['isolation']}")
+                    if out.usage.start != mode:
+                        sys.exit(f"a library run was not {mode}: {out.record['isolation']}")
                     return ms
 
                 def http_arm():
@@ -174,8 +177,8 @@ def latency(args):
                     start = time.perf_counter()
                     record = server.run(body)
                     ms = (time.perf_counter() - start) * 1000
-                    if record["usage"].get("start") != "pooled":
-                        sys.exit(f"an HTTP run went cold: {record['isolation']}")
+                    if record["usage"].get("start") != mode:
+                        sys.exit(f"an HTTP run was not {mode}: {record['isolation']}")
                     return ms
 
                 arms = [bare_arm, library_arm, http_arm]
@@ -196,6 +199,7 @@ def latency(args):
         json.dumps(
             {
                 "measure": "latency",
+                "mode": mode,
                 "code": os.path.basename(code_file),
                 "bare": " ".join(bare),
                 "rounds": rounds,
@@ -220,8 +224,7 @@ def throughput(args):
     size = int(os.environ.get("POOL_SIZE", "2"))
     pool = None
     if mode != "cold":
-        # Modes other than the default reach Pool as mode= (forked, once the pool has it).
-        pool = Pool(size=size) if mode == "pooled" else Pool(size=size, mode=mode)
+        pool = Pool(size=size, mode=mode)
         if not pool.wait_ready(size, FILL_S):
             sys.exit(f"the pool did not fill: {pool.stats()}")
 
@@ -232,7 +235,7 @@ def throughput(args):
         else:
             with pool.sandbox() as sb:
                 out = job.run_in(sb)
-        return (time.perf_counter() - arrived) * 1000, out.usage.start == "pooled"
+        return (time.perf_counter() - arrived) * 1000, out.usage.start != "cold"
 
     for _ in range(threads):
         one(time.perf_counter())
@@ -246,7 +249,7 @@ def throughput(args):
             "target_jobs_per_s": None if target is None else round(target, 3),
             "jobs": len(results),
             "jobs_per_s": round(len(results) / elapsed, 3),
-            "served_pooled": sum(1 for _, pooled in results if pooled),
+            "served_warm": sum(1 for _, warm in results if warm),
             "p50_ms": round(percentile(latencies, 0.5), 1),
             "p99_ms": round(percentile(latencies, 0.99), 1),
         }
@@ -320,9 +323,10 @@ def throughput(args):
 
 
 def memory(args):
-    for size in map(int, args):
+    mode, *sizes = args
+    for size in map(int, sizes):
         started = time.perf_counter()
-        with Pool(size=size) as pool:
+        with Pool(size=size, mode=mode) as pool:
             if not pool.wait_ready(size, FILL_S * 4):
                 sys.exit(f"the pool did not fill: {pool.stats()}")
             filled = time.perf_counter() - started
@@ -333,10 +337,15 @@ def memory(args):
             json.dumps(
                 {
                     "measure": "memory",
+                    "mode": mode,
                     "size": size,
                     "filled_in_s": round(filled, 1),
                     "held_mib": round(held / 1048576, 1),
                     "per_sandbox_mib": round(held / 1048576 / size, 1),
+                    "templates": stats.templates,
+                    "template_mib": None
+                    if stats.template_memory_bytes is None
+                    else round(stats.template_memory_bytes / 1048576, 1),
                     "load": load(),
                 }
             ),

@@ -9,9 +9,9 @@
 #      `python -c 'print(1+1)'` (goal: library at most 0.5x, HTTP at most
 #      1 ms over the library);
 #   3. the pandas job's sustained rate on THREADS threads for each of MODES
-#      (pooled, cold; forked once the pool has it), and its latency p50/p99
-#      at 50 % and 90 % of that rate;
-#   4. the memory a ready pool of 1 and of 8 holds;
+#      (pooled, forked, cold), and its latency p50/p99 at 50 % and 90 % of
+#      that rate;
+#   4. the memory a ready pool of 1 and of 8 holds, for each of MODES but cold;
 #   5. (ONLY=print-rust) print(1+1) pooled through the Rust library and
 #      POST /v1/runs against bare `python -c`, with no Python package in the
 #      way (crates/airlock/src/bin/pool_print_bench.rs; needs no PYTHON).
@@ -24,8 +24,10 @@
 #   PYTHON: a python with the airlock package installed (pip install ./python),
 #     for every phase but print-rust;
 #   PROFILE=debug: the debug airlock binary for `airlock serve`;
-#   MODES="pooled cold": the throughput modes; ONLY="latency throughput memory"
-#     (the default), or any of them and print-rust.
+#   MODES="pooled cold": the throughput and memory modes (pooled, forked,
+#     cold; memory skips cold); POOL_MODE=forked: the latency phase's pools
+#     forked (default pooled); ONLY="latency throughput memory" (the
+#     default), or any of them and print-rust.
 # Results (one JSON object a line) are appended to bench/results/pool-arms.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +45,8 @@ if [ "$only" = print-rust ]; then
   cargo build $flag -q --workspace --bins
 else
   python=${PYTHON:?PYTHON must name a python with the airlock package installed}
-  cargo build $flag -q -p airlock-cli --bin airlock
+  # airlock-fork: the native library `airlock serve`'s forked pool loads, beside the helper.
+  cargo build $flag -q -p airlock-cli -p airlock-fork
 fi
 export AIRLOCK=$PWD/target/$profile/airlock
 export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-bench-home}
@@ -71,10 +74,10 @@ note() { echo "# $(date -u +%FT%TZ) $profile, $(nproc) cores, load $(cut -d' ' -
 for what in $only; do
   case $what in
     latency)
-      note "latency, the pandas job: bare, library, http"
+      note "latency, the pandas job: bare, library, http (${POOL_MODE:-pooled})"
       arms latency "$rounds" examples/weighted_median.py examples/sales.csv -- \
         "$venv/bin/python" "$work/bare_weighted_median.py"
-      note "latency, print(1+1): bare python -c, library, http"
+      note "latency, print(1+1): bare python -c, library, http (${POOL_MODE:-pooled})"
       arms latency "$rounds" "$work/print.py" - -- "$venv/bin/python" -c 'print(1+1)' ;;
     throughput)
       for mode in $modes; do
@@ -82,12 +85,15 @@ for what in $only; do
         arms throughput "$mode" "$seconds" "$threads" examples/weighted_median.py examples/sales.csv
       done ;;
     memory)
-      note "memory of a ready pool of 1 and of 8"
-      arms memory 1 8 ;;
+      for mode in $modes; do
+        [ "$mode" = cold ] && continue
+        note "memory of a ready pool of 1 and of 8, $mode"
+        arms memory "$mode" 1 8
+      done ;;
     print-rust)
       note "latency, print(1+1), the Rust driver: bare python -c, library, http"
       "target/$profile/pool_print_bench" "$rounds" python-data "$venv/bin/python" \
         "$AIRLOCK" | tee -a "$out" ;;
   esac
 done
-echo "reproduce: PYTHON=$python PROFILE=$profile MODES=\"$modes\" bench/pool_arms.sh $rounds $seconds $threads   (AIRLOCK_HOME=$AIRLOCK_HOME)"
+echo "reproduce: PYTHON=$python PROFILE=$profile MODES=\"$modes\" POOL_MODE=${POOL_MODE:-pooled} ONLY=\"$only\" bench/pool_arms.sh $rounds $seconds $threads   (AIRLOCK_HOME=$AIRLOCK_HOME)"

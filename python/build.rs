@@ -1,11 +1,13 @@
 //! Provides the binaries the extension module carries, so that `pip install
-//! ./python` needs nothing beside the wheel: today the sandbox helper,
-//! `airlock-init`. Every binary in [`SHIPPED`] is found the same way:
+//! ./python` needs nothing beside the wheel: the sandbox helper,
+//! `airlock-init`, and the native library a forked pool's template loads,
+//! `libairlock_fork.so`. Every binary in [`SHIPPED`] is found the same way:
 //!
 //! 1. the workspace's own build of it (`cargo build --release` puts it in
 //!    the same profile folder this build uses), when it is newer than every
 //!    source it is built from: the usual case, and it costs nothing;
-//! 2. else a build of its package here, in `target/shipped-binaries` (kept
+//! 2. else a build of its package here (`cargo build --release -p PACKAGE`
+//!    with `--bin NAME` or `--lib`), in `target/shipped-binaries` (kept
 //!    between builds, so a rebuild is warm), for the same target triple.
 //!
 //! Either way the copy is stripped of symbols and debug info: it travels
@@ -18,23 +20,42 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::SystemTime;
 
-/// (package, binary, sources it is built from, below the workspace).
-const SHIPPED: &[(&str, &str, &[&str])] = &[(
-    "airlock-linux",
-    "airlock-init",
-    &["crates/airlock-linux", "crates/airlock-core", "crates/airlock-policy", "crates/airlock-net", "Cargo.lock"],
-)];
+/// One binary the module carries.
+struct Shipped {
+    /// The package that builds it (crates/PACKAGE).
+    package: &'static str,
+    /// Which of the package's targets it is: `["--bin", NAME]` or `["--lib"]`.
+    cargo_target: &'static [&'static str],
+    /// Its file name in the profile folder, and in OUT_DIR, where
+    /// python/src/helper.rs embeds it from.
+    binary: &'static str,
+}
+
+const SHIPPED: &[Shipped] = &[
+    Shipped { package: "airlock-linux", cargo_target: &["--bin", "airlock-init"], binary: "airlock-init" },
+    Shipped { package: "airlock-fork", cargo_target: &["--lib"], binary: "libairlock_fork.so" },
+];
+
+/// What every shipped binary is built from beside its own package, below
+/// the workspace: airlock-linux and what it builds on.
+const COMMON_SOURCES: &[&str] =
+    &["crates/airlock-linux", "crates/airlock-core", "crates/airlock-policy", "crates/airlock-net", "Cargo.lock"];
 
 fn main() {
-    for (package, binary, sources) in SHIPPED {
-        if let Err(message) = provide(package, binary, sources) {
+    for shipped in SHIPPED {
+        if let Err(message) = provide(shipped) {
             // A build script reports failure by panicking; say what to do.
-            panic!("providing {binary} for the Python package failed: {message}");
+            panic!("providing {} for the Python package failed: {message}", shipped.binary);
         }
     }
 }
 
-fn provide(package: &str, binary: &str, sources: &[&str]) -> Result<(), String> {
+fn provide(shipped: &Shipped) -> Result<(), String> {
+    let Shipped { package, cargo_target, binary } = *shipped;
+    let own_sources = format!("crates/{package}");
+    let sources: Vec<&str> = std::iter::once(own_sources.as_str())
+        .chain(COMMON_SOURCES.iter().copied().filter(|source| *source != own_sources))
+        .collect();
     let var = |name: &str| env::var(name).map_err(|_| format!("cargo did not set {name}"));
     let manifest_dir = PathBuf::from(var("CARGO_MANIFEST_DIR")?);
     let out_dir = PathBuf::from(var("OUT_DIR")?);
@@ -46,7 +67,7 @@ fn provide(package: &str, binary: &str, sources: &[&str]) -> Result<(), String> 
             manifest.display()
         ));
     }
-    for source in sources {
+    for source in &sources {
         println!("cargo:rerun-if-changed={}", workspace.join(source).display());
     }
     // OUT_DIR is <profile folder>/build/<package>-<hash>/out.
@@ -55,16 +76,16 @@ fn provide(package: &str, binary: &str, sources: &[&str]) -> Result<(), String> 
     println!("cargo:rerun-if-changed={}", workspace_build.display());
     let newest_source = sources.iter().filter_map(|s| newest(&workspace.join(s))).max();
     let fresh = modified(&workspace_build).zip(newest_source).is_some_and(|(built, source)| built > source);
-    let built = if fresh { workspace_build } else { build_here(&manifest, binary, profile_dir)? };
-    let shipped = out_dir.join(binary);
-    std::fs::copy(&built, &shipped)
-        .map_err(|e| format!("copying {} to {}: {e}", built.display(), shipped.display()))?;
-    // Strip when a strip is there; an unstripped helper works the same.
-    let _ = Command::new("strip").arg(&shipped).status();
+    let built = if fresh { workspace_build } else { build_here(&manifest, cargo_target, binary, profile_dir)? };
+    let copy = out_dir.join(binary);
+    std::fs::copy(&built, &copy).map_err(|e| format!("copying {} to {}: {e}", built.display(), copy.display()))?;
+    // Strip when a strip is there; an unstripped binary works the same. (A
+    // shared library keeps its dynamic symbols, which ctypes looks up.)
+    let _ = Command::new("strip").arg(&copy).status();
     Ok(())
 }
 
-fn build_here(manifest: &Path, binary: &str, profile_dir: &Path) -> Result<PathBuf, String> {
+fn build_here(manifest: &Path, cargo_target: &[&str], binary: &str, profile_dir: &Path) -> Result<PathBuf, String> {
     let target = env::var("TARGET").map_err(|_| "cargo did not set TARGET")?;
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let target_dir = profile_dir.parent().unwrap_or(profile_dir).join("shipped-binaries");
@@ -73,7 +94,8 @@ fn build_here(manifest: &Path, binary: &str, profile_dir: &Path) -> Result<PathB
         .arg("--release")
         .arg("--manifest-path")
         .arg(manifest)
-        .args(["--bin", binary, "--target", &target])
+        .args(cargo_target)
+        .args(["--target", &target])
         .arg("--target-dir")
         .arg(&target_dir)
         // The outer build's flags and wrappers are for the extension module
@@ -87,8 +109,9 @@ fn build_here(manifest: &Path, binary: &str, profile_dir: &Path) -> Result<PathB
         .map_err(|e| format!("running {cargo}: {e}"))?;
     if !status.success() {
         return Err(format!(
-            "`{cargo} build --manifest-path {} --bin {binary}` exited with {status}",
-            manifest.display()
+            "`{cargo} build --manifest-path {} {}` exited with {status}",
+            manifest.display(),
+            cargo_target.join(" ")
         ));
     }
     Ok(target_dir.join(&target).join("release").join(binary))

@@ -1,10 +1,12 @@
 //! The binaries this module carries, installed where they can run.
 //!
 //! The Linux backend starts `airlock-init` (built from crates/airlock-linux)
-//! by path for every sandbox and every run. The build script provided it for
-//! this exact library version (see build.rs) and it is embedded here, so a
-//! wheel needs nothing beside itself and the helper always speaks this
-//! library's protocol. Every shipped binary is found the same way
+//! by path for every sandbox and every run, and a forked pool's template
+//! loads `libairlock_fork.so` (built from crates/airlock-fork), which the
+//! backend reads from its path. The build script provided both for this
+//! exact library version (see build.rs) and they are embedded here, so a
+//! wheel needs nothing beside itself and they always speak this library's
+//! protocol. Every shipped binary is installed the same way
 //! ([`installed`]): on first use in a process it is written, whole or not at
 //! all, to `<data dir>/helpers/<name>-<hash>` (the hash of its content, so
 //! versions side by side never overwrite each other).
@@ -18,9 +20,13 @@ use airlock::SandboxError;
 use airlock_linux::LinuxBackend;
 
 /// The binaries build.rs provided: (name, content).
-const SHIPPED: &[(&str, &[u8])] = &[("airlock-init", include_bytes!(concat!(env!("OUT_DIR"), "/airlock-init")))];
+const SHIPPED: &[(&str, &[u8])] = &[
+    ("airlock-init", include_bytes!(concat!(env!("OUT_DIR"), "/airlock-init"))),
+    (airlock_linux::FORK_LIB_NAME, include_bytes!(concat!(env!("OUT_DIR"), "/libairlock_fork.so"))),
+];
 
-/// The Linux backend running the embedded helper, made once per process.
+/// The Linux backend running the embedded helper, its forked templates
+/// loading the embedded native library, made once per process.
 pub fn backend() -> Result<&'static LinuxBackend, SandboxError> {
     static BACKEND: OnceLock<LinuxBackend> = OnceLock::new();
     // One installer at a time in this process; other processes write files
@@ -33,8 +39,9 @@ pub fn backend() -> Result<&'static LinuxBackend, SandboxError> {
     if let Some(backend) = BACKEND.get() {
         return Ok(backend);
     }
-    let path = installed("airlock-init")?;
-    Ok(BACKEND.get_or_init(|| LinuxBackend::with_helper(path)))
+    let helper = installed("airlock-init")?;
+    let fork_library = installed(airlock_linux::FORK_LIB_NAME)?;
+    Ok(BACKEND.get_or_init(|| LinuxBackend::with_helper(helper).with_fork_library(fork_library)))
 }
 
 /// The shipped binary `name`, installed in the data folder.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use airlock::image::BuildEvent;
-use airlock::{Backend, BackendKind, Policy, PoolOptions};
+use airlock::{Backend, BackendKind, Policy, PoolMode, PoolOptions};
 use pyo3::prelude::*;
 
 use crate::errors::{Failure, Kind};
@@ -29,10 +29,11 @@ impl NativePool {
     /// each importing `preload` (`None`: the default preload) before it
     /// waits; one ready longer than `idle_expiry_s` is made anew; no refill
     /// takes the ready ones past `memory_budget_mb`; a run may set the
-    /// variables `env_at_claim` names warm. Returns at once: the pool fills
-    /// in the background.
+    /// variables `env_at_claim` names warm; `mode` (`None`: pooled) says how
+    /// the ready ones are made. Returns at once: the pool fills in the
+    /// background.
     #[new]
-    #[pyo3(signature = (spec_json, image, size, preload=None, idle_expiry_s=None, memory_budget_mb=None, audit=None, env_at_claim=None))]
+    #[pyo3(signature = (spec_json, image, size, preload=None, idle_expiry_s=None, memory_budget_mb=None, audit=None, env_at_claim=None, mode=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one for one
     fn new(
         py: Python<'_>,
@@ -44,8 +45,9 @@ impl NativePool {
         memory_budget_mb: Option<u64>,
         audit: Option<&str>,
         env_at_claim: Option<Vec<String>>,
+        mode: Option<&str>,
     ) -> PyResult<NativePool> {
-        let keep = Keep { size, preload, idle_expiry_s, memory_budget_mb, env_at_claim };
+        let keep = Keep { size, preload, idle_expiry_s, memory_budget_mb, env_at_claim, mode: mode.map(str::to_owned) };
         let pool = py.detach(|| create(spec_json, image, keep, audit)).map_err(|f| f.into_py(py))?;
         Ok(NativePool { pool: Mutex::new(Some(Arc::new(pool))) })
     }
@@ -94,6 +96,8 @@ impl NativePool {
             "refill_failures": stats.refill_failures,
             "last_refill_error": stats.last_refill_error,
             "expired": stats.expired,
+            "templates": stats.templates,
+            "template_memory_bytes": stats.template_memory_bytes,
         });
         Ok(json.to_string())
     }
@@ -135,10 +139,18 @@ struct Keep {
     idle_expiry_s: Option<f64>,
     memory_budget_mb: Option<u64>,
     env_at_claim: Option<Vec<String>>,
+    /// `pooled` or `forked` (`PoolMode::parse`).
+    mode: Option<String>,
 }
 
 fn create(spec_json: &str, image: &str, keep: Keep, audit: Option<&str>) -> Result<airlock::Pool, Failure> {
-    let Keep { size, preload, idle_expiry_s, memory_budget_mb, env_at_claim } = keep;
+    let Keep { size, preload, idle_expiry_s, memory_budget_mb, env_at_claim, mode } = keep;
+    let mode = match mode.as_deref() {
+        None => PoolMode::default(),
+        Some(name) => PoolMode::parse(name).ok_or_else(|| {
+            Failure::new(Kind::Policy, format!("mode={name:?} is not a pool mode: use \"pooled\" or \"forked\""))
+        })?,
+    };
     let spec = parse_spec(spec_json)?;
     if spec.with_packages.as_ref().is_some_and(|packages| !packages.is_empty()) {
         return Err(Failure::new(
@@ -168,7 +180,7 @@ fn create(spec_json: &str, image: &str, keep: Keep, audit: Option<&str>) -> Resu
         idle_expiry,
         memory_budget,
         env_at_claim: env_at_claim.unwrap_or_default(),
-        mode: airlock::PoolMode::Pooled,
+        mode,
     };
     if let Some(bad) = options.bad_preload() {
         return Err(Failure::new(

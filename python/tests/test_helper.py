@@ -36,9 +36,12 @@ def test_a_first_sandbox_installs_the_helper(tmp_path):
     home = fresh_home(tmp_path)
     ran = run_in(home)
     assert (ran.returncode, ran.stdout) == (0, "42\n"), ran.stderr
-    (installed,) = (home / "helpers").iterdir()
-    assert installed.name == pathlib.Path(airlock._native.helper_path()).name
-    assert installed.read_bytes() == pathlib.Path(airlock._native.helper_path()).read_bytes()
+    helper, fork_library = sorted((home / "helpers").iterdir())
+    assert helper.name == pathlib.Path(airlock._native.helper_path()).name
+    assert helper.read_bytes() == pathlib.Path(airlock._native.helper_path()).read_bytes()
+    # The forked mode's native library travels the same way.
+    assert fork_library.name.startswith("libairlock_fork.so-")
+    assert fork_library.read_bytes()[:4] == b"\x7fELF"
 
 
 def test_a_damaged_or_non_executable_helper_is_replaced(tmp_path):
@@ -57,4 +60,6 @@ def test_a_damaged_or_non_executable_helper_is_replaced(tmp_path):
         assert (ran.returncode, ran.stdout) == (0, "42\n"), (damage, ran.stderr)
         assert planted.read_bytes() == good.read_bytes()
         assert os.access(planted, os.X_OK)
-        assert sorted(p.name for p in planted.parent.iterdir()) == [good.name], "a staging file was left behind"
+        installed = sorted(p.name for p in planted.parent.iterdir())
+        assert installed[0] == good.name and installed[1].startswith("libairlock_fork.so-"), installed
+        assert len(installed) == 2, "a staging file was left behind"

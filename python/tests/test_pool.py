@@ -1,6 +1,8 @@
 """A pool's sandboxes answer warm, each as fresh as a cold one; what a ready
 sandbox cannot take runs cold and says why."""
 
+import ast
+
 import pytest
 from conftest import leftover_cgroups, namespace_fds
 
@@ -98,6 +100,55 @@ def test_a_variable_env_at_claim_names_is_set_warm_and_no_other():
         assert "OTHER" in out.record["isolation"]["details"]["pool"], out.record["isolation"]["details"]
 
 
+def test_a_forked_run_has_pandas_imported_and_its_files_in():
+    with Pool(size=1, mode="forked", preload=["numpy", "pandas"]) as pool:
+        assert pool.wait_ready(1, FILL_S), pool.stats()
+        code = (
+            "import json, sys\n"
+            "import pandas as pd\n"
+            "sales = pd.read_csv('data.csv').sort_values('price')\n"
+            "half = sales.units.sum() / 2\n"
+            "median = float(sales.price[sales.units.cumsum() >= half].iloc[0])\n"
+            "json.dump({'weighted_median': median}, open('out.json', 'w'))\n"
+            "'pandas' in sys.modules, median"
+        )
+        with pool.sandbox() as sb:
+            sb.write("/work/data.csv", b"price,units\n10,1\n20,3\n30,1\n")
+            out = sb.run(code)
+            written = sb.read("/work/out.json")
+        assert out.ok, (out.status, out.stderr, out.message)
+        assert out.usage.start == "forked", out.record["isolation"]
+        assert out.value == "(True, 20.0)"
+        assert written == b'{"weighted_median": 20.0}'
+        stats = pool.stats()
+        assert stats.templates == 1 and stats.hits == 1, stats
+        assert stats.template_memory_bytes and stats.template_memory_bytes > 32 << 20, stats
+
+
+def test_randomness_differs_across_forked_runs():
+    draws = (
+        "import os, random\n"
+        "import numpy\n"
+        "random.random(), float(numpy.random.random()), os.urandom(8).hex()"
+    )
+    seen = []
+    with Pool(size=1, mode="forked", preload=["numpy"]) as pool:
+        for _ in range(4):
+            assert pool.wait_ready(1, FILL_S), pool.stats()
+            out = pool.run(draws)
+            assert out.ok and out.usage.start == "forked", (out.status, out.stderr, out.record["isolation"])
+            seen.append(ast.literal_eval(out.value))
+    for source, values in zip(("random", "numpy.random", "os.urandom"), zip(*seen)):
+        assert len(set(values)) == len(values), f"{source} repeated across forked runs: {values}"
+
+
+def test_a_pooled_pool_forks_nothing():
+    with Pool(size=1, preload=["json"]) as pool:
+        assert pool.wait_ready(1, FILL_S), pool.stats()
+        assert pool.run("1").usage.start == "pooled"
+        assert pool.stats().templates == 0
+
+
 def test_a_closed_pool_leaves_nothing_and_refuses_sandboxes():
     before = namespace_fds()
     pool = Pool(size=2, preload=["json"])
@@ -128,6 +179,8 @@ def test_a_closed_pool_leaves_nothing_and_refuses_sandboxes():
         ({"env_at_claim": ["LD_PRELOAD"]}, "env_at_claim: \"LD_PRELOAD\" cannot be set"),
         ({"with_packages": ["statsmodels"]}, "with_packages"),
         ({"mem_mb": 1}, "mem_mb"),
+        ({"mode": "fork"}, 'mode="fork" is not a pool mode: use "pooled" or "forked"'),
+        ({"mode": None}, 'mode takes "pooled" or "forked"'),
     ],
 )
 def test_bad_pool_settings_are_refused_naming_them(arguments, named):

@@ -8,10 +8,14 @@ guest's airlock-vmtest.service (scripts/vm-test); uses only the guest's
                   the pids and CPU caps, nothing left behind; then the pool
                   (`airlock serve` with [pool] size = 2): runs served warm,
                   one killed at a lowered memory limit, and after shutdown
-                  no process, cgroup or mount left
+                  no process, cgroup or mount left; then the same pool in
+                  the forked mode ([pool] mode = "forked": each run forked
+                  from one template, its two processes moved into the run's
+                  cgroup from outside), a fork bomb stopped at a lowered
+                  process limit too
   user-systemd    an ordinary user in a session scope: a scope delegated by
                   the user's systemd instance, the same limits and the same
-                  pool, no root
+                  pools, no root
   userns-off      kernel.unprivileged_userns_clone=0: the run is refused
                   naming the fix, and `airlock doctor` says the same
   landlock-6.1    the record says which Landlock ABI was in force
@@ -105,9 +109,16 @@ def leftovers(marker):
     return procs, cgroups
 
 
+MEMORY_HOG = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))"
+# Forks until the process limit refuses one, and prints how many it made.
+FORK_BOMB = ("import os, time\nborn = 0\nfor _ in range(64):\n    try:\n"
+             "        if os.fork() == 0:\n            time.sleep(60)\n            os._exit(0)\n"
+             "        born += 1\n    except OSError:\n        break\nprint(born)")
+
+
 def limits(route_word, **kw):
     """The default policy's limits, for real: memory, pids, CPU bandwidth."""
-    memory = run_py("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))", ["--memory", "96"], **kw)
+    memory = run_py(MEMORY_HOG, ["--memory", "96"], **kw)
     check(memory["status"] == "memory_limit", f"memory: status {memory['status']}: {memory.get('message')}")
     check("memory" in memory["limits_hit"], f"memory: limits_hit {memory['limits_hit']}")
     details = memory["isolation"]["details"]
@@ -116,13 +127,7 @@ def limits(route_word, **kw):
     # Forks until the pids cap refuses one; the children outlive the code's
     # own process, so "nothing left" also covers what a run leaves running.
     marker = f"vmbomb{os.getpid()}"
-    bomb = run_py(
-        f"import os, time  # {marker}\nborn = 0\nfor _ in range(64):\n    try:\n"
-        "        if os.fork() == 0:\n            time.sleep(60)\n            os._exit(0)\n"
-        "        born += 1\n    except OSError:\n        break\nprint(born)",
-        ["--pids", "16"],
-        **kw,
-    )
+    bomb = run_py(f"# {marker}\n{FORK_BOMB}", ["--pids", "16"], **kw)
     check("pids" in bomb["limits_hit"], f"pids: limits_hit {bomb['limits_hit']}")
     throttled = cpu_cap(**kw)
     procs, cgroups = leftovers(marker)
@@ -208,18 +213,20 @@ def airlock_mounts():
     return [line for line in open("/proc/self/mountinfo") if "airlock" in line and " - cgroup" not in line]
 
 
-def pool(**kw):
-    """`airlock serve` with [pool] size = 2 on the guest's interpreter: runs
-    served warm (`start: pooled`, the preload already imported), one killed
-    at a memory limit lowered at its claim, and after SIGTERM no process,
-    cgroup (airlock's run cgroups, its systemd scopes) or mount left."""
+def pool(mode="pooled", **kw):
+    """`airlock serve` with [pool] size = 2 and `mode` on the guest's
+    interpreter: runs served warm (`start: pooled`, or `start: forked` from
+    the template, the preload already imported), one killed at a memory limit
+    lowered at its claim, in the forked mode a fork bomb stopped at a process
+    limit lowered at its claim, and after SIGTERM no process, cgroup
+    (airlock's run cgroups, its systemd scopes) or mount left."""
     began = time.monotonic()
     home = kw.get("home", "/tmp/airlock-root")
-    config = os.path.join(home, "pool.toml")
+    config = os.path.join(home, f"pool-{mode}.toml")
     with open(config, "w") as f:
-        f.write(f'listen = "127.0.0.1:0"\npython = "/usr/bin/python3"\naudit_db = "{home}/pool-audit.sqlite3"\n'
+        f.write(f'listen = "127.0.0.1:0"\npython = "/usr/bin/python3"\naudit_db = "{home}/pool-{mode}-audit.sqlite3"\n'
                 f"[defaults]\ntimeout_s = 120\ncpu_time_s = 300\n[ceiling]\ntimeout_s = 120\ncpu_time_s = 300\n"
-                f"[pool]\nsize = 2\npreload = {json.dumps(POOL_PRELOAD)}\n"
+                f'[pool]\nsize = 2\nmode = "{mode}"\npreload = {json.dumps(POOL_PRELOAD)}\n'
                 f'[[tokens]]\nname = "vm"\nsha256 = "{hashlib.sha256(POOL_TOKEN.encode()).hexdigest()}"\n')
     os.chmod(config, 0o644)
     mounts_before = airlock_mounts()
@@ -233,7 +240,7 @@ def pool(**kw):
                 address = text.split("http://")[1].split()[0]
                 break
         if address is None:
-            raise Failed(f"pool: the server did not start (exit {server.wait()})")
+            raise Failed(f"{mode}: the server did not start (exit {server.wait()})")
 
         def call(path, body=None):
             request = urllib.request.Request(f"http://{address}{path}", headers={
@@ -249,31 +256,40 @@ def pool(**kw):
                 if ready and int(ready[0].split()[1]) >= n:
                     return
                 time.sleep(0.2)
-            raise Failed(f"the pool did not reach {n} ready: {call('/metrics')[-600:]}")
+            raise Failed(f"{mode}: the pool did not reach {n} ready: {call('/metrics')[-600:]}")
+
+        def served(what, body):
+            wait_ready(1)
+            record = json.loads(call("/v1/runs", body))
+            check(record["usage"].get("start") == mode,
+                  f"{mode}: {what} not {mode}: {record['usage'].get('start')}: "
+                  f"{record['isolation']['details'].get('pool')} {record.get('message')}")
+            return record
 
         probe = f"import sys\nprint(all(m in sys.modules for m in {POOL_PRELOAD!r}))"
         wait_ready(2)
+        ready_after = time.monotonic() - began
         warm = []
         for _ in range(3):
-            wait_ready(1)
-            record = json.loads(call("/v1/runs", {"code": probe}))
-            check(record["usage"].get("start") == "pooled",
-                  f"pool: not pooled: {record['usage'].get('start')}: {record['isolation']['details'].get('pool')}")
+            record = served("a run", {"code": probe})
             check(record["status"] == "ok" and record["stdout"] == "True\n",
-                  f"pool: {record['status']} {record['stdout']!r}: {record.get('message')} {record['stderr'][-300:]}")
+                  f"{mode}: {record['status']} {record['stdout']!r}: {record.get('message')} {record['stderr'][-300:]}")
             warm.append(record["usage"].get("first_instruction_ms"))
-        wait_ready(1)
-        killed = json.loads(call("/v1/runs", {
-            "code": "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))", "policy": {"memory_mb": 96}}))
-        check(killed["usage"].get("start") == "pooled",
-              f"pool: memory run not pooled: {killed['isolation']['details'].get('pool')}")
-        check(killed["status"] == "memory_limit", f"pool: memory run {killed['status']}: {killed.get('message')}")
-        cgroup_route = killed["isolation"]["details"].get("cgroup_route", "")
+        killed = served("the memory run", {"code": MEMORY_HOG, "policy": {"memory_mb": 96}})
+        check(killed["status"] == "memory_limit", f"{mode}: memory run {killed['status']}: {killed.get('message')}")
+        details = killed["isolation"]["details"]
+        check(details.get("cgroup") == "v2", f"{mode}: cgroup {details.get('cgroup')}")
+        cgroup_route = details.get("cgroup_route", "")
+        bombed = ""
+        if mode == "forked":
+            bomb = served("the fork bomb", {"code": FORK_BOMB, "policy": {"pids": 16}})
+            check("pids" in bomb["limits_hit"], f"{mode}: pids: limits_hit {bomb['limits_hit']}: {bomb.get('message')}")
+            bombed = f", a fork bomb stopped at a claimed 16 processes after {bomb['stdout'].split()[-1]} forks"
         wait_ready(2)
         started = descendants(server.pid)
-        check(len(started) >= 2, f"pool: two ready sandboxes, but the server has {len(started)} processes")
+        check(len(started) >= 2, f"{mode}: two ready sandboxes, but the server has {len(started)} processes")
         server.terminate()
-        check(server.wait(timeout=TIMEOUT) == 0, f"pool: the server's exit {server.returncode}")
+        check(server.wait(timeout=TIMEOUT) == 0, f"{mode}: the server's exit {server.returncode}")
     finally:
         if server.poll() is None:
             server.kill()
@@ -289,15 +305,16 @@ def pool(**kw):
             break
         time.sleep(0.1)
     check(not procs and not cgroups and not mounts,
-          f"pool: left behind: processes {procs}, cgroups {cgroups}, mounts {mounts}")
-    return f"pool of 2 ({','.join(POOL_PRELOAD)}) in {time.monotonic() - began:.1f}s: 3 runs pooled (first instruction {warm} ms), " \
-           f"memory_limit at a claimed 96 MiB, {len(started)} processes, after SIGTERM nothing left; {cgroup_route}"
+          f"{mode}: left behind: processes {procs}, cgroups {cgroups}, mounts {mounts}")
+    return f"{mode} pool of 2 ({','.join(POOL_PRELOAD)}) in {time.monotonic() - began:.1f}s (2 ready at {ready_after:.1f}s): " \
+           f"3 runs {mode} (first instruction {warm} ms), memory_limit at a claimed 96 MiB{bombed}, " \
+           f"{len(started)} processes, after SIGTERM nothing left; {cgroup_route}"
 
 
 def root_v2():
     os.makedirs("/tmp/airlock-root", exist_ok=True)
     summary = limits("the system's systemd delegated")
-    return f"{summary}; {pool()}"
+    return f"{summary}; {pool()}; {pool('forked')}"
 
 
 def add_user():
@@ -323,7 +340,7 @@ def add_user():
 def user_systemd():
     home = add_user()
     summary = limits("the user's systemd", user=USER, home=home, scope=True)
-    return f"{summary}; {pool(user=USER, home=home, scope=True)}"
+    return f"{summary}; {pool(user=USER, home=home, scope=True)}; {pool('forked', user=USER, home=home, scope=True)}"
 
 
 def userns_off():
