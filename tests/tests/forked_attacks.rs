@@ -48,3 +48,23 @@ print(pid, os.strerror(ctypes.get_errno()) if pid < 0 else "")
     let refused = |start| (Some(start), Status::Ok, "-1 Operation not permitted".to_owned(), None);
     assert_eq!([outcome(&forked), outcome(&cold)], [refused(RunStart::Forked), refused(RunStart::Cold)]);
 }
+
+
+/// The run's init (PID 1) is the template's fork, an interpreter's: it kept
+/// CPython's SIGINT handler. A PID 1 receives from its own namespace only
+/// the signals it catches, so the code could interrupt it wherever Landlock
+/// does not scope signals (ABI 5 and older). It must catch none the cold
+/// run's init does not (Rust's SIGSEGV and SIGBUS handlers, which do
+/// nothing for a signal that is not a fault).
+#[test]
+fn the_forked_run_s_init_catches_no_signal_as_a_cold_run_s() {
+    let _alone = exclusive();
+    let code = "print([l.split()[1] for l in open('/proc/1/status') if l.startswith('SigCgt:')][0])";
+    let pool = forked_pool(Policy::default(), &["json"]);
+    let forked = pool.run(pool.policy(), &[], &RunRequest::python(code)).unwrap();
+    let cold = airlock::Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap().run(code);
+    assert_eq!(forked.usage.start, Some(RunStart::Forked), "{:?}", forked.isolation.details);
+    let caught = |record: &airlock::RunRecord| (record.status, record.stdout.trim().to_owned());
+    let rust = (Status::Ok, format!("{:016x}", (1 << (libc::SIGSEGV - 1)) | (1 << (libc::SIGBUS - 1))));
+    assert_eq!([caught(&forked), caught(&cold)], [(Status::Ok, "0000000000000000".to_owned()), rust]);
+}
