@@ -66,7 +66,7 @@ pub fn join_pid_namespace(fd: RawFd) -> Result<(), Failure> {
 }
 
 /// The first fork, PID 1 of the run's namespace: leaves the template's
-/// session, holds no capability, is undumpable, has the run's filter, says
+/// session, catches no signal, holds no capability, is undumpable, has the run's filter, says
 /// so on `ready`, keeps no descriptor, and reaps orphans until the template kills it at the run's
 /// end, which ends every process of the run. As a cold run's init, it
 /// observes and reports nothing: the code may signal it, never fool it.
@@ -77,6 +77,7 @@ pub fn init(plan: RawFd, lifeline: RawFd, ready: RawFd) -> Result<Infallible, Fa
     let plan = read_plan(plan)?;
     rustix::process::setsid().map_err(|e| Failure::new("leave the template's session", "setsid", &e.into()))?;
     process::not_dumpable()?;
+    sys::default_caught_signals().map_err(|e| Failure::new("drop the interpreter's signal handlers", "sigaction", &e))?;
     caps::drop_all()?;
     sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
     // SAFETY: the template keeps the ready pipe open at this number for the call.

@@ -165,6 +165,34 @@ pub fn mount_setattr_recursive(fd: BorrowedFd<'_>, set: u64) -> io::Result<()> {
     .map(drop)
 }
 
+/// Puts every signal this process catches back to its default action. A
+/// fork of the interpreter keeps CPython's handlers (SIGINT's); a PID 1
+/// receives from its own namespace exactly the signals it catches, so a
+/// forked run's init must catch none the code could send it.
+pub fn default_caught_signals() -> io::Result<()> {
+    // 1 to 64: the kernel's signals (_NSIG); the ones glibc reserves, and
+    // SIGKILL and SIGSTOP, are refused by sigaction and skipped.
+    for signal in 1..=64 {
+        // SAFETY: sigaction is plain data; all-zero is a valid value to be filled in.
+        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: only reads the current action into `current`, which lives across the call.
+        if unsafe { libc::sigaction(signal, std::ptr::null(), &raw mut current) } != 0 {
+            continue;
+        }
+        if current.sa_sigaction == libc::SIG_DFL || current.sa_sigaction == libc::SIG_IGN {
+            continue;
+        }
+        // SAFETY: as above; SIG_DFL with no flags is the default action.
+        let mut default: libc::sigaction = unsafe { std::mem::zeroed() };
+        default.sa_sigaction = libc::SIG_DFL;
+        // SAFETY: `default` is a valid, initialised action; the old one is not asked for.
+        if unsafe { libc::sigaction(signal, &raw const default, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Closes every descriptor from `first` up, but `keep`.
 pub fn close_from_except(first: RawFd, keep: RawFd) -> io::Result<()> {
     let close = |from: RawFd, to: libc::c_uint| {

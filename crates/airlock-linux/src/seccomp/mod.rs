@@ -199,6 +199,7 @@ const ERRNOS: [(&str, u16); 6] =
 /// same on x86_64 and aarch64 (both use the generic ioctl and fcntl numbers).
 const SYMBOLS: &[(&str, u32)] = &[
     ("CLONE_NEWTIME", 0x0000_0080),
+    ("CLONE_PARENT", 0x0000_8000),
     ("CLONE_NEWNS", 0x0002_0000),
     ("CLONE_NEWCGROUP", 0x0200_0000),
     ("CLONE_NEWUTS", 0x0400_0000),

@@ -249,6 +249,7 @@ fn the_issue_s_rules_hold_on_every_architecture() {
         assert_eq!(call("clone3", a(&[])), ENOSYS);
         assert_eq!(call("clone", a(&[0x1000_0000 | 17])), EPERM, "CLONE_NEWUSER");
         assert_eq!(call("clone", a(&[0x003d_0f00])), Action::Allow, "pthread_create's flags");
+        assert_eq!(call("clone", a(&[0x8000 | 17])), EPERM, "CLONE_PARENT");
         assert_eq!(call("unshare", a(&[0x4000_0000])), EPERM, "CLONE_NEWNET");
 
         // ioctl: the allowlist, the rest as a descriptor that lacks them.
