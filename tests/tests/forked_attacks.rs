@@ -49,7 +49,6 @@ print(pid, os.strerror(ctypes.get_errno()) if pid < 0 else "")
     assert_eq!([outcome(&forked), outcome(&cold)], [refused(RunStart::Forked), refused(RunStart::Cold)]);
 }
 
-
 /// The run's init (PID 1) is the template's fork, an interpreter's: it kept
 /// CPython's SIGINT handler. A PID 1 receives from its own namespace only
 /// the signals it catches, so the code could interrupt it wherever Landlock

@@ -674,18 +674,18 @@ fn backend_with_lying_library(with_filter: bool) -> (&'static airlock_linux::Lin
     assert!(built.success(), "the lying library did not build");
     let helper = dir.path().join("airlock-init");
     std::fs::copy(airlock_tests::helper(), &helper).unwrap();
-    let backend: &'static airlock_linux::LinuxBackend = Box::leak(Box::new(airlock_linux::LinuxBackend::with_helper(helper)));
+    let backend: &'static airlock_linux::LinuxBackend =
+        Box::leak(Box::new(airlock_linux::LinuxBackend::with_helper(helper)));
     (backend, dir)
 }
 
 #[test]
 fn a_fork_that_only_looks_confined_is_caught_from_outside_and_the_run_goes_cold() {
     let _alone = exclusive();
-    for (with_filter, caught) in
-        [(true, "shares the template's mnt namespace"), (false, "seccomp filters, not")]
-    {
+    for (with_filter, caught) in [(true, "shares the template's mnt namespace"), (false, "seccomp filters, not")] {
         let (backend, _dir) = backend_with_lying_library(with_filter);
-        let options = PoolOptions { size: 1, preload: vec!["json".to_owned()], mode: PoolMode::Forked, ..PoolOptions::default() };
+        let options =
+            PoolOptions { size: 1, preload: vec!["json".to_owned()], mode: PoolMode::Forked, ..PoolOptions::default() };
         let pool = Pool::with_backend(backend, Policy::default(), data_image(), options, None);
         assert!(!pool.wait_ready(1, Duration::from_secs(15)), "a lying fork was made ready: {:?}", pool.stats());
         let stats = pool.stats();

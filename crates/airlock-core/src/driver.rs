@@ -216,7 +216,11 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         }
         Start::Cold | Start::Announced => {
             files.push(ProgramFile::text("main.py", &job.code));
-            (format!("{PROGRAM_DIR}/main.py"), format!("{PROGRAM_DIR}/{REPORT_FILE}"), format!("{PROGRAM_DIR}/{READY_FILE}"))
+            (
+                format!("{PROGRAM_DIR}/main.py"),
+                format!("{PROGRAM_DIR}/{REPORT_FILE}"),
+                format!("{PROGRAM_DIR}/{READY_FILE}"),
+            )
         }
     };
     let mut argv = vec![

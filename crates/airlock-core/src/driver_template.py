@@ -117,17 +117,30 @@ def _fork(lib, own_pid_ns, fds):
         _send(run_socket, {"Failed": _failure("fork the run", f"the template has {threads} threads; it forks with one")})
         _close(fds)
         return None
-    lifeline_r, lifeline_w = os.pipe()
-    init_ready_r, init_ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    setup_r, setup_w = os.pipe()
+    made = []
+    try:
+        for _ in range(4):
+            made.extend(os.pipe())
+    except OSError as error:
+        # Out of descriptors, say: this run fails, the template serves on.
+        _send(run_socket, {"Failed": _failure("fork the run", f"pipe: {error}", error.errno)})
+        _close(fds + made)
+        return None
+    lifeline_r, lifeline_w, init_ready_r, init_ready_w, go_r, go_w, setup_r, setup_w = made
     saved = _generators()
     errno = lib.airlock_fork_unshare_pid()
     if errno:
         _send(run_socket, {"Failed": _failure("make the run's PID namespace", os.strerror(errno), errno)})
         _close(fds + [lifeline_r, lifeline_w, init_ready_r, init_ready_w, go_r, go_w, setup_r, setup_w])
         return None
-    init_pid = os.fork()
+    try:
+        init_pid = os.fork()
+    except OSError as error:
+        _send(run_socket, {"Failed": _failure("fork the run's init", str(error), error.errno)})
+        _close(fds + made)
+        # The namespace for children made above is unused: back to the template's.
+        lib.airlock_fork_join_pid_namespace(own_pid_ns)
+        return None
     if init_pid == 0:
         _as_fork(lambda: _init(lib, [plan, lifeline_r, init_ready_w]))
     try:
@@ -236,7 +249,10 @@ class _Run:
         if message and _decode(message) == "Release" and self.go_w is not None:
             # Both processes are in the run's cgroup: the code's process may
             # make its sandbox.
-            os.write(self.go_w, b"g")
+            try:
+                os.write(self.go_w, b"g")
+            except OSError:
+                pass  # the code's process is gone: its end is seen on its pidfd
             os.close(self.go_w)
             self.go_w = None
             return

@@ -42,10 +42,8 @@ pub const KEPT_FDS: RawFd = 7;
 /// namespace, which owns them, so that it may set them up without any
 /// capability over the template's (the cgroup namespace after the move
 /// into the run's cgroup, which is then its root).
-const INNER_NAMESPACES: UnshareFlags = UnshareFlags::NEWNET
-    .union(UnshareFlags::NEWIPC)
-    .union(UnshareFlags::NEWUTS)
-    .union(UnshareFlags::NEWCGROUP);
+const INNER_NAMESPACES: UnshareFlags =
+    UnshareFlags::NEWNET.union(UnshareFlags::NEWIPC).union(UnshareFlags::NEWUTS).union(UnshareFlags::NEWCGROUP);
 
 /// In the template: the PID namespace its next children are born in.
 pub fn unshare_pid() -> Result<(), Failure> {
@@ -77,7 +75,8 @@ pub fn init(plan: RawFd, lifeline: RawFd, ready: RawFd) -> Result<Infallible, Fa
     let plan = read_plan(plan)?;
     rustix::process::setsid().map_err(|e| Failure::new("leave the template's session", "setsid", &e.into()))?;
     process::not_dumpable()?;
-    sys::default_caught_signals().map_err(|e| Failure::new("drop the interpreter's signal handlers", "sigaction", &e))?;
+    sys::default_caught_signals()
+        .map_err(|e| Failure::new("drop the interpreter's signal handlers", "sigaction", &e))?;
     caps::drop_all()?;
     sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
     // SAFETY: the template keeps the ready pipe open at this number for the call.

@@ -103,7 +103,7 @@ impl TemplateConn {
         all.extend(fds);
         let control = self.control.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         protocol::send(control.as_fd(), &ToTemplate::Fork, &all)?;
-        Ok(self.pidfd.try_clone()?)
+        self.pidfd.try_clone()
     }
 
     fn alive(&self) -> bool {
@@ -149,11 +149,13 @@ impl LinuxTemplate {
             return Err(refuse("a run with allowed hosts starts its proxy at the release; it runs cold"));
         }
         if !instance.degraded.is_empty() {
-            return Err(refuse("a fork must put every layer of the policy in force; a degraded policy runs pooled or cold"));
+            return Err(refuse(
+                "a fork must put every layer of the policy in force; a degraded policy runs pooled or cold",
+            ));
         }
         let native = native_library(&instance.helper, instance.fork_library.as_deref())?;
         let native = std::fs::read(&native)
-            .map_err(|e| SandboxError::io(&format!("reading the native library {}", native.display()), e))?;
+            .map_err(|e| SandboxError::io(format!("reading the native library {}", native.display()), e))?;
         let (ours, theirs) = rustix::net::socketpair(
             rustix::net::AddressFamily::UNIX,
             rustix::net::SocketType::SEQPACKET,
@@ -381,7 +383,11 @@ impl LinuxInstance {
             detail: "a fork needs a cgroup".to_owned(),
         })?;
         let mut cgroup: Box<dyn RunCgroup> = hierarchy
-            .create(&CgroupLimits { memory_bytes: limits.memory_bytes, pids: limits.pids + AIRLOCK_PROCESSES, cpus: limits.cpus })
+            .create(&CgroupLimits {
+                memory_bytes: limits.memory_bytes,
+                pids: limits.pids + AIRLOCK_PROCESSES,
+                cpus: limits.cpus,
+            })
             .map_err(|e| SandboxError::Setup { step: "create the run's cgroup".to_owned(), detail: e.to_string() })?;
         let plan = ForkPlan {
             hostname: "airlock".to_owned(),
@@ -480,9 +486,11 @@ impl<'a> ForkedRun<'a> {
         self.code = Some((code_host, code));
         let template = self.template;
         let fail = |what: String| Failure::plain(step, what);
-        check_child(init_host, template, 1).map_err(|e| fail(format!("the run's init (template's pid {init_pid}): {e}")))?;
+        check_child(init_host, template, 1)
+            .map_err(|e| fail(format!("the run's init (template's pid {init_pid}): {e}")))?;
         check_confined(init_host, template).map_err(|e| fail(format!("the run's init: {e}")))?;
-        check_child(code_host, template, 2).map_err(|e| fail(format!("the code's process (template's pid {code_pid}): {e}")))?;
+        check_child(code_host, template, 2)
+            .map_err(|e| fail(format!("the code's process (template's pid {code_pid}): {e}")))?;
         let cgroup = cgroup.ok_or_else(|| fail("a fork needs a cgroup".to_owned()))?;
         for pid in [init_host, code_host] {
             cgroup.adopt(pid).map_err(|e| Failure::new("move the fork into the run's cgroup", "", &e))?;
@@ -625,7 +633,8 @@ fn connect(control: OwnedFd, pidfd: OwnedFd) -> Result<TemplateConn, String> {
     let pid_depth = field("NSpid").split_whitespace().count();
     let mut namespaces = BTreeMap::new();
     for kind in OWN_NAMESPACES {
-        let link = std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).map_err(|e| format!("its {kind} namespace: {e}"))?;
+        let link =
+            std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).map_err(|e| format!("its {kind} namespace: {e}"))?;
         namespaces.insert(kind, link.to_string_lossy().into_owned());
     }
     Ok(TemplateConn { control: Mutex::new(control), pidfd, host_pid: pid, seccomp_filters, pid_depth, namespaces })
@@ -648,8 +657,6 @@ fn never_ready(outcome: Result<Execution, SandboxError>, thread: JoinHandle<()>)
     let _ = thread.join();
     match outcome {
         Err(error) => error,
-        Ok(execution) => {
-            SandboxError::Setup { step: "start the template".to_owned(), detail: stderr_tail(&execution) }
-        }
+        Ok(execution) => SandboxError::Setup { step: "start the template".to_owned(), detail: stderr_tail(&execution) },
     }
 }

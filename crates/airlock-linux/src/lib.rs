@@ -30,8 +30,8 @@ pub mod child;
 pub mod confine;
 mod copy;
 mod drain;
-mod forked;
 pub mod fork;
+mod forked;
 pub mod hostid;
 mod instance;
 mod landlock;
@@ -57,8 +57,8 @@ use airlock_core::{Backend, Instance, Probe, Runtime, SandboxError};
 use airlock_policy::{BackendKind, Layer, Policy, SandboxPath};
 
 pub use cgroup::{DELEGATED_CGROUP_ENV, HOLD_ARG, Hierarchy, hold};
-pub use instance::LinuxInstance;
 pub use forked::{NATIVE_ENV as FORK_LIB_ENV, NATIVE_NAME as FORK_LIB_NAME};
+pub use instance::LinuxInstance;
 pub use network::PROXY_ADDR;
 pub use probe::{PROBE_USERNS_ARG, TRIAL_CACHE as PROBE_TRIAL_CACHE, try_user_namespace};
 

@@ -619,8 +619,11 @@ pub fn build_fork_root(bytes: u64, inodes: u64) -> Result<(), Failure> {
         rustix::mount::mount_bind(source, target).map_err(|e| Failure::new(step, target, &e.into()))?;
     }
     mount_proc(Path::new("/proc"), bind_by_mount)?;
-    remount_adding(Path::new(PROGRAM_DIR), MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC)
-        .map_err(|e| Failure::new("make the program's folder not executable", PROGRAM_DIR, &e.into()))
+    remount_adding(
+        Path::new(PROGRAM_DIR),
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+    )
+    .map_err(|e| Failure::new("make the program's folder not executable", PROGRAM_DIR, &e.into()))
 }
 
 /// [`bind`] through mount(2): a bind, then its flags by a remount (of the
@@ -703,7 +706,7 @@ fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str], executable: bool) 
         opened.push(fd);
     }
     mount_remount(&dir, MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | noexec, options.as_str())
-    .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
+        .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
     Ok(opened)
 }
 

@@ -526,8 +526,11 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             ],
         )?;
         drop((theirs, stdin_read, stdout_write, stderr_write, report_write, ready_write, code_read));
-        let null =
-            rustix::fs::open("/dev/null", rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+        let null = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
         let now = Instant::now();
         Ok(Run {
             watch,
@@ -812,10 +815,10 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
                 let adopted = forked.adopt(init_pid, code_pid, fds, self.cgroup);
                 self.init = forked.init_pidfd();
                 self.roots.extend(forked.host_pids());
-                let released = adopted
-                    .and_then(|()| protocol::send(self.socket.as_fd(), &Control::Release, &[]).map_err(|e| {
-                        Failure::new("release the fork", "", &e)
-                    }));
+                let released = adopted.and_then(|()| {
+                    protocol::send(self.socket.as_fd(), &Control::Release, &[])
+                        .map_err(|e| Failure::new("release the fork", "", &e))
+                });
                 if let Err(failure) = released {
                     self.observed.setup_failure.get_or_insert(failure);
                     self.kill_now();

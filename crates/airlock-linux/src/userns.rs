@@ -279,7 +279,8 @@ pub fn enter_nested() -> Result<(), Failure> {
     for (file, content) in
         [("setgroups", "deny".to_owned()), ("uid_map", format!("{uid} {uid} 1")), ("gid_map", format!("{gid} {gid} 1"))]
     {
-        fs::write(format!("/proc/self/{file}"), content).map_err(|e| Failure::new(step, format!("write {file}"), &e))?;
+        fs::write(format!("/proc/self/{file}"), content)
+            .map_err(|e| Failure::new(step, format!("write {file}"), &e))?;
     }
     Ok(())
 }

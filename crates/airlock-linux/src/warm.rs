@@ -36,8 +36,13 @@ pub(crate) trait WarmRun: Send + 'static {
     fn run(&self, preload: &[String], job: &Job, gate: &mut Gate<'_>) -> Result<Execution, SandboxError>;
     /// Copies one of the claim's files in, before the release; the bytes
     /// copied for the run so far.
-    fn copy_in(&self, waiting: &Waiting<'_>, written: u64, path: &SandboxPath, data: &[u8])
-    -> Result<u64, SandboxError>;
+    fn copy_in(
+        &self,
+        waiting: &Waiting<'_>,
+        written: u64,
+        path: &SandboxPath,
+        data: &[u8],
+    ) -> Result<u64, SandboxError>;
     /// The sandbox once its run is over, for reading its outputs.
     fn into_instance(self: Box<Self>) -> Box<dyn Instance>;
     /// Once its driver waits, before it is counted ready: what a fork's own

@@ -814,7 +814,8 @@ impl Shared {
     /// forks already made keep the old one alive until their runs are over).
     fn fork(&self) -> Result<Box<dyn WarmInstance>, SandboxError> {
         let mut template = self.template.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let fresh = |(t, made): &(Box<dyn Template>, Instant)| t.is_ready() && made.elapsed() < self.options.idle_expiry;
+        let fresh =
+            |(t, made): &(Box<dyn Template>, Instant)| t.is_ready() && made.elapsed() < self.options.idle_expiry;
         if !template.as_ref().is_some_and(fresh) {
             *template = None;
             let started = self
