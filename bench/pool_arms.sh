@@ -14,7 +14,8 @@
 #   4. the memory a ready pool of 1 and of 8 holds, for each of MODES but cold;
 #   5. (ONLY=print-rust) print(1+1) pooled through the Rust library and
 #      POST /v1/runs against bare `python -c`, with no Python package in the
-#      way (crates/airlock/src/bin/pool_print_bench.rs; needs no PYTHON).
+#      way (crates/airlock/src/bin/pool_print_bench.rs; needs no PYTHON;
+#      POOL_MODE=forked forks both pools).
 # Bare Python is the python-data image's own venv (a clean venv of the same
 # interpreter, never the global pyenv python, whose .pth hook imports extra
 # modules at start-up). The library-only pandas figure (no Python in the
@@ -42,7 +43,7 @@ flag=--release
 python=
 if [ "$only" = print-rust ]; then
   # The workspace's features, so the library is the one the binaries use.
-  cargo build $flag -q --workspace --bins
+  cargo build $flag -q --workspace --bins && cargo build $flag -q -p airlock-fork
 else
   python=${PYTHON:?PYTHON must name a python with the airlock package installed}
   # airlock-fork: the native library `airlock serve`'s forked pool loads, beside the helper.

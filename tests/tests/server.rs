@@ -1422,6 +1422,10 @@ fn a_forked_pool_server_answers_from_forks_and_leaves_nothing_behind() {
     }
     assert!(records.iter().any(|r| r["usage"]["start"] == "forked"), "no run of the burst was forked");
     wait_pool_ready(&server, 2);
+    // One template served every fork, and its memory is on the scrape.
+    let metrics = server.get(ALICE, "/metrics").text().unwrap();
+    assert!(metrics.contains("airlock_pool_templates_total 1\n"), "{metrics}");
+    assert!(metrics.lines().any(|l| l.starts_with("airlock_pool_template_memory_bytes ")), "{metrics}");
     let started = descendants(server.pid);
     assert!(server.stop().success());
     assert_nothing_left(server.pid, "");

@@ -206,6 +206,8 @@ impl Engine {
                     refill_failures: stats.refill_failures,
                     refill_ms_total: stats.refill_ms_total,
                     last_refill_ms: stats.last_refill_ms,
+                    templates: stats.templates,
+                    template_memory_bytes: stats.template_memory_bytes,
                 }
             }),
         }

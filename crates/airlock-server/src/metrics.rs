@@ -55,6 +55,10 @@ pub struct PoolGauges {
     /// Milliseconds the refills that made a sandbox ready took, all and the last.
     pub refill_ms_total: u64,
     pub last_refill_ms: Option<u64>,
+    /// A forked pool's templates started so far, and the memory the live
+    /// one holds (counted in `memory_bytes` too).
+    pub templates: u64,
+    pub template_memory_bytes: Option<u64>,
 }
 
 impl Metrics {
@@ -151,6 +155,12 @@ impl Metrics {
                 head(&mut out, "airlock_pool_last_refill_seconds", "gauge", help);
                 let _ = writeln!(out, "airlock_pool_last_refill_seconds {}", ms as f64 / 1000.0);
             }
+            head(&mut out, "airlock_pool_templates_total", "counter", "Templates a forked pool started.");
+            let _ = writeln!(out, "airlock_pool_templates_total {}", pool.templates);
+            if let Some(bytes) = pool.template_memory_bytes {
+                let help = "Memory the forked pool's live template holds (in airlock_pool_memory_bytes too).";
+                gauge(&mut out, "airlock_pool_template_memory_bytes", help, bytes);
+            }
         }
         if let Some(rss) = resident_memory_bytes() {
             gauge(&mut out, "process_resident_memory_bytes", "Resident memory of the server.", rss);
@@ -196,6 +206,8 @@ mod tests {
             refill_failures: 0,
             refill_ms_total: 10_500,
             last_refill_ms: Some(1500),
+            templates: 1,
+            template_memory_bytes: Some(80 << 20),
         };
         let text = metrics.render(Gauges {
             queue_depth: 3,
@@ -223,5 +235,7 @@ mod tests {
         assert!(text.contains("airlock_pool_memory_bytes 209715200\n"));
         assert!(text.contains("airlock_pool_refill_seconds_total 10.5\n"));
         assert!(text.contains("airlock_pool_last_refill_seconds 1.5\n"));
+        assert!(text.contains("airlock_pool_templates_total 1\n"));
+        assert!(text.contains("airlock_pool_template_memory_bytes 83886080\n"));
     }
 }

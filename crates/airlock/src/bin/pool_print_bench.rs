@@ -7,6 +7,8 @@
 //!
 //! usage: pool_print_bench ROUNDS IMAGE BARE_PYTHON AIRLOCK_BINARY
 //!
+//! `POOL_MODE=forked` makes both pools forked (default `pooled`).
+//!
 //! Each pooled run is timed from the call to its record (the library's:
 //! `Pool::run`, whose sandbox is dropped before it returns); before each,
 //! both pools are given time to refill (untimed). Prints one JSON line.
@@ -16,7 +18,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use airlock::{Audit, BackendKind, Policy, Pool, PoolOptions, RunRequest, RunStart, Status};
+use airlock::{Audit, BackendKind, Policy, Pool, PoolMode, PoolOptions, RunRequest, RunStart, Status};
 use sha2::Digest;
 
 const TOKEN: &str = "pool-print-bench-token";
@@ -35,14 +37,14 @@ struct Server {
 }
 
 impl Server {
-    fn start(airlock: &str, dir: &std::path::Path) -> Result<Server, Box<dyn std::error::Error>> {
+    fn start(airlock: &str, dir: &std::path::Path, mode: &str) -> Result<Server, Box<dyn std::error::Error>> {
         let sha = hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()));
         let config = dir.join("airlock.toml");
         std::fs::write(
             &config,
             format!(
                 "listen = \"127.0.0.1:0\"\nconcurrency = 2\nqueue = 64\naudit_db = \"{}/server-audit.sqlite3\"\n\
-                 [pool]\nsize = 1\n[[tokens]]\nname = \"bench\"\nsha256 = \"{sha}\"\n",
+                 [pool]\nsize = 1\nmode = \"{mode}\"\n[[tokens]]\nname = \"bench\"\nsha256 = \"{sha}\"\n",
                 dir.display()
             ),
         )?;
@@ -126,15 +128,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: pool_print_bench ROUNDS IMAGE BARE_PYTHON AIRLOCK_BINARY".into());
     };
     let rounds: usize = rounds.parse()?;
+    let mode_name = std::env::var("POOL_MODE").unwrap_or_else(|_| "pooled".to_owned());
+    let mode = PoolMode::parse(&mode_name).ok_or("POOL_MODE is pooled or forked")?;
+    let start_kind = if mode == PoolMode::Forked { RunStart::Forked } else { RunStart::Pooled };
     let dir = std::env::temp_dir().join(format!("airlock-pool-print-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let runtime = airlock::resolve_runtime(BackendKind::Linux, Some(image), None, &mut |_| {})?;
     let store = airlock::audit::AuditStore::open(&dir.join("library-audit.sqlite3"))?;
     let audit = Audit { store: std::sync::Arc::new(store), principal: None };
-    let options = PoolOptions { size: 1, ..PoolOptions::default() };
+    let options = PoolOptions { size: 1, mode, ..PoolOptions::default() };
     let backend = airlock::backend_for(BackendKind::Linux)?;
     let pool = Pool::with_backend(backend, Policy::default(), runtime, options, Some(audit));
-    let mut server = Server::start(airlock_binary, &dir)?;
+    let mut server = Server::start(airlock_binary, &dir, &mode_name)?;
     let request = RunRequest::python("print(1+1)");
     let body = r#"{"code": "print(1+1)"}"#;
 
@@ -169,7 +174,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let start = Instant::now();
                 let record = pool.run(pool.policy(), &[], &request)?;
                 let ms = start.elapsed().as_secs_f64() * 1000.0;
-                if record.status != Status::Ok || record.usage.start != Some(RunStart::Pooled) {
+                if record.status != Status::Ok || record.usage.start != Some(start_kind) {
                     return Err(
                         format!("a library run failed or went cold: {:?} {:?}", record.status, record.message).into()
                     );
@@ -182,7 +187,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (status, text) = server.request("POST", "/v1/runs", body)?;
                 let ms = start.elapsed().as_secs_f64() * 1000.0;
                 let record: serde_json::Value = serde_json::from_slice(&text)?;
-                if status != 200 || record["status"] != "ok" || record["usage"]["start"] != "pooled" {
+                if status != 200 || record["status"] != "ok" || record["usage"]["start"] != mode_name.as_str() {
                     return Err(format!("POST /v1/runs: {status}: {}", String::from_utf8_lossy(&text)).into());
                 }
                 Ok(ms)
@@ -210,6 +215,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let over: Vec<f64> = times[2].iter().zip(&times[1]).map(|(h, l)| h - l).collect();
     let json = serde_json::json!({
         "measure": "print(1+1) latency, paired",
+        "mode": mode_name,
         "rounds": rounds,
         "bare_median_ms": median(&times[0]),
         "library_median_ms": median(&times[1]),
