@@ -1425,7 +1425,12 @@ fn a_forked_pool_server_answers_from_forks_and_leaves_nothing_behind() {
     // One template served every fork, and its memory is on the scrape.
     let metrics = server.get(ALICE, "/metrics").text().unwrap();
     assert!(metrics.contains("airlock_pool_templates_total 1\n"), "{metrics}");
-    assert!(metrics.lines().any(|l| l.starts_with("airlock_pool_template_memory_bytes ")), "{metrics}");
+    let template_memory: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("airlock_pool_template_memory_bytes "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no template memory on the scrape: {metrics}"));
+    assert!(template_memory > 0, "{metrics}");
     let started = descendants(server.pid);
     assert!(server.stop().success());
     assert_nothing_left(server.pid, "");
