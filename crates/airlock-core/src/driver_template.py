@@ -26,11 +26,14 @@ import os
 import select
 import socket
 import sys
+import time
 
 _HERE = __file__.rpartition("/")[0]
 _NATIVE = _HERE + "/libairlock_fork.so"
 _CONTROL = 0
 _MAX_FD = 0x7FFFFFFF
+# How long a new fork's init has to say it is confined.
+_INIT_READY_SECONDS = 10
 # The descriptors of a fork request, in the protocol's order (ToTemplate::Fork).
 _FORK_FDS = 8
 # A fork's exit status when a step of its setup failed.
@@ -59,7 +62,20 @@ def serve():
         for run in runs.values():
             for fd in run.watched():
                 poller.register(fd, select.POLLIN)
-        for fd, _ in poller.poll():
+        # A new fork's init is waited for here, beside every other run, so
+        # that a run which ends meanwhile is reported at once, not after the
+        # next fork is made.
+        deadlines = [run.ready_deadline for run in runs.values() if run.ready_deadline is not None]
+        timeout = None
+        if deadlines:
+            timeout = max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
+        for key, run in list(runs.items()):
+            if run.ready_deadline is not None and time.monotonic() >= run.ready_deadline:
+                run.init_not_ready(b"")
+                if run.over:
+                    run.close()
+                    del runs[key]
+        for fd, _ in poller.poll(timeout):
             if fd == _CONTROL:
                 forked = _on_request(lib, own_pid_ns, runs)
                 if forked is not None:
@@ -166,17 +182,8 @@ def _fork(lib, own_pid_ns, fds):
         _close([init_ready_r])
         return run
     # The init writes one byte once it is confined (its last step before it
-    # reaps); its pipe closes without one if it failed.
-    poller = select.poll()
-    poller.register(init_ready_r, select.POLLIN)
-    said = os.read(init_ready_r, 4096) if poller.poll(10_000) else b""
-    os.close(init_ready_r)
-    if said != b"1":
-        why = said.decode("utf-8", "replace") or "it ended, or did not say it was ready in 10 s"
-        _send(run_socket, {"Failed": _failure("make the run's init", why)})
-        run.kill()
-        return run
-    _send(run_socket, {"Forked": {"init_pid": init_pid, "code_pid": code_pid}}, [run.init_fd, run.code_fd])
+    # reaps); its pipe closes without one if it failed. serve() waits for it.
+    run.await_init(init_ready_r)
     return run
 
 
@@ -200,8 +207,31 @@ class _Run:
         self.killed = False
         self.hung_up = False
         self.over = False
+        # While the init is being confined: its pipe, and when it is late.
+        self.init_ready_r = None
+        self.ready_deadline = None
+
+    def await_init(self, init_ready_r):
+        self.init_ready_r = init_ready_r
+        self.ready_deadline = time.monotonic() + _INIT_READY_SECONDS
+
+    def init_not_ready(self, said):
+        """The init failed, or did not say it was confined in time."""
+        self._init_answered()
+        why = said.decode("utf-8", "replace") or f"it ended, or did not say it was ready in {_INIT_READY_SECONDS} s"
+        _send(self.socket, {"Failed": _failure("make the run's init", why)})
+        self.kill()
+
+    def _init_answered(self):
+        os.close(self.init_ready_r)
+        self.init_ready_r = None
+        self.ready_deadline = None
 
     def watched(self):
+        if self.init_ready_r is not None:
+            # Until the supervisor has its Forked (or Failed), nothing else
+            # of the run is read: its messages keep their order.
+            return [self.init_ready_r]
         fds = []
         if not self.hung_up:
             fds.append(self.socket)
@@ -217,7 +247,14 @@ class _Run:
         return fd in self.watched()
 
     def on_ready(self, fd):
-        if fd == self.socket:
+        if fd == self.init_ready_r:
+            said = os.read(self.init_ready_r, 4096)
+            if said != b"1":
+                self.init_not_ready(said)
+                return
+            self._init_answered()
+            _send(self.socket, {"Forked": {"init_pid": self.init_pid, "code_pid": self.code_pid}}, [self.init_fd, self.code_fd])
+        elif fd == self.socket:
             self._on_supervisor()
         elif fd == self.setup_r:
             more = os.read(self.setup_r, 65536)

@@ -286,6 +286,26 @@ struct State {
     expired: u64,
     templates: u64,
     template_memory: Option<u64>,
+    /// Warm sandboxes handed out whose run has not ended (`InFlight`).
+    in_flight: usize,
+}
+
+/// A warm sandbox handed out, until its run ends or it is dropped unrun:
+/// a refill waits for it, at most `REFILL_DEFER`.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> InFlight {
+        shared.lock().in_flight += 1;
+        InFlight(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.lock().in_flight -= 1;
+        self.0.wake.notify_all();
+    }
 }
 
 struct Entry {
@@ -295,6 +315,13 @@ struct Entry {
 
 /// How long the refill thread rests after a failure before it tries again.
 const REFILL_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a refill waits for the warm runs in flight to end before it
+/// starts. A refill is a whole sandbox made (pooled) or a fork of the
+/// template (forked), CPU the claimed run would otherwise share with it:
+/// on this 2-core machine a pooled `print(1+1)` answered 1.5 to 3 ms
+/// sooner with the wait (bench/results/pool.md). Bounded, so that a long
+/// run never holds the pool empty: the wait costs a refill at most this.
+const REFILL_DEFER: Duration = Duration::from_millis(20);
 
 /// The most sandboxes whose run is over that wait for the reaper: what
 /// they still hold (their tmpfs, their host ids) stays bounded.
@@ -496,6 +523,7 @@ impl Pool {
                 shared.empty_reason()
             }),
         };
+        let in_flight = warm.is_ok().then(|| InFlight::new(shared));
         let (state, cold_why, runtime) = match warm {
             Ok(warm) => (Pooled::Warm(warm), None, shared.runtime.clone()),
             Err(why) => {
@@ -506,8 +534,14 @@ impl Pool {
                 (Pooled::Ran(shared.backend.create(policy, &runtime)?), Some(why), runtime)
             }
         };
-        let instance =
-            PooledInstance { shared: shared.clone(), policy: policy.clone(), state, files: Vec::new(), cold_why };
+        let instance = PooledInstance {
+            shared: shared.clone(),
+            policy: policy.clone(),
+            state,
+            files: Vec::new(),
+            cold_why,
+            in_flight,
+        };
         let mut sandbox = Sandbox::from_instance(Box::new(instance), policy.clone(), runtime);
         sandbox.set_audit(shared.audit.clone());
         Ok(sandbox)
@@ -567,6 +601,8 @@ struct PooledInstance {
     files: Vec<(SandboxPath, Vec<u8>)>,
     /// Why the next run is cold, for its record.
     cold_why: Option<String>,
+    /// Held from the take until the warm run ends.
+    in_flight: Option<InFlight>,
 }
 
 impl PooledInstance {
@@ -636,7 +672,7 @@ impl Instance for PooledInstance {
     fn run(&mut self, job: &Job, kill: &KillSwitch) -> Result<Execution, SandboxError> {
         let requested_at = Instant::now();
         let mut why = self.cold_why.take();
-        let mut execution = match std::mem::replace(&mut self.state, Pooled::Spent) {
+        let execution = match std::mem::replace(&mut self.state, Pooled::Spent) {
             Pooled::Ran(mut instance) => {
                 let ran = instance.run(job, kill);
                 self.state = Pooled::Ran(instance);
@@ -686,7 +722,9 @@ impl Instance for PooledInstance {
                 }
             },
             Pooled::Spent => return Err(spent()),
-        }?;
+        };
+        self.in_flight = None;
+        let mut execution = execution?;
         if let Some(why) = why {
             execution.isolation.details.insert("pool".to_owned(), format!("ran cold: {why}"));
         }
@@ -889,6 +927,10 @@ impl Shared {
                     let check = expiry.min(Duration::from_secs(5));
                     state = self.wake.wait_timeout(state, check).map(|(s, _)| s).unwrap_or_else(|e| e.into_inner().0);
                 }
+            }
+            {
+                let state = self.lock();
+                let _ = self.wake.wait_timeout_while(state, REFILL_DEFER, |s| s.in_flight > 0 && !s.closed);
             }
             let began = Instant::now();
             let made = match self.options.mode {
