@@ -288,6 +288,10 @@ struct State {
     template_memory: Option<u64>,
     /// Warm sandboxes handed out whose run has not ended (`InFlight`).
     in_flight: usize,
+    /// When the last warm sandbox was handed out, and whether claims are
+    /// sparse (`REFILL_DEFER`).
+    last_claim: Option<Instant>,
+    claims_sparse: bool,
 }
 
 /// A warm sandbox handed out, until its run ends or it is dropped unrun:
@@ -315,12 +319,15 @@ struct Entry {
 
 /// How long the refill thread rests after a failure before it tries again.
 const REFILL_BACKOFF: Duration = Duration::from_secs(2);
-/// How long a refill waits for the warm runs in flight to end before it
-/// starts. A refill is a whole sandbox made (pooled) or a fork of the
-/// template (forked), CPU the claimed run would otherwise share with it:
-/// on this 2-core machine a pooled `print(1+1)` answered 1.5 to 3 ms
-/// sooner with the wait (bench/results/pool.md). Bounded, so that a long
-/// run never holds the pool empty: the wait costs a refill at most this.
+/// How long a refill waits for the warm run in flight to end before it
+/// starts, when claims are sparse: the claim came longer after the one
+/// before than the last refill took plus this wait (an agent calling its
+/// tool, say). A refill is a whole sandbox made (pooled) or a fork of the
+/// template (forked), CPU the claimed run would otherwise share with it: on
+/// this 2-core machine a forked `print(1+1)` took 10.5 ms with the wait,
+/// 19.9 without. A busy pool refills at once: waiting there cut a saturated
+/// forked pool from 43 to 15 jobs/s (bench/results/pool.md). Bounded, so
+/// that a long run never holds the pool empty.
 const REFILL_DEFER: Duration = Duration::from_millis(20);
 
 /// The most sandboxes whose run is over that wait for the reaper: what
@@ -835,6 +842,9 @@ impl Shared {
             let mut taken = None;
             while let Some(entry) = state.ready.pop_front() {
                 if entry.warm.is_ready() && entry.ready_at.elapsed() < self.options.idle_expiry {
+                    let spare = Duration::from_millis(state.last_refill_ms.unwrap_or(0)) + REFILL_DEFER;
+                    state.claims_sparse = state.last_claim.is_none_or(|last| last.elapsed() >= spare);
+                    state.last_claim = Some(Instant::now());
                     taken = Some(entry);
                     break;
                 }
@@ -930,7 +940,9 @@ impl Shared {
             }
             {
                 let state = self.lock();
-                let _ = self.wake.wait_timeout_while(state, REFILL_DEFER, |s| s.in_flight > 0 && !s.closed);
+                if state.claims_sparse {
+                    let _ = self.wake.wait_timeout_while(state, REFILL_DEFER, |s| s.in_flight > 0 && !s.closed);
+                }
             }
             let began = Instant::now();
             let made = match self.options.mode {
