@@ -57,24 +57,21 @@ def serve():
     os.close(me)
     runs = {}
     while True:
+        # A new fork's init is waited for here, beside every other run, so
+        # that a run which ends meanwhile is reported at once, not after the
+        # next fork is made. One whose init is late fails first.
+        for run in runs.values():
+            if run.ready_deadline is not None and time.monotonic() >= run.ready_deadline:
+                run.init_not_ready(b"")
         poller = select.poll()
         poller.register(_CONTROL, select.POLLIN)
         for run in runs.values():
             for fd in run.watched():
                 poller.register(fd, select.POLLIN)
-        # A new fork's init is waited for here, beside every other run, so
-        # that a run which ends meanwhile is reported at once, not after the
-        # next fork is made.
         deadlines = [run.ready_deadline for run in runs.values() if run.ready_deadline is not None]
         timeout = None
         if deadlines:
             timeout = max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
-        for key, run in list(runs.items()):
-            if run.ready_deadline is not None and time.monotonic() >= run.ready_deadline:
-                run.init_not_ready(b"")
-                if run.over:
-                    run.close()
-                    del runs[key]
         for fd, _ in poller.poll(timeout):
             if fd == _CONTROL:
                 forked = _on_request(lib, own_pid_ns, runs)
