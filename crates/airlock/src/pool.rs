@@ -295,15 +295,10 @@ struct State {
 }
 
 /// A warm sandbox handed out, until its run ends or it is dropped unrun:
-/// a refill waits for it, at most `REFILL_DEFER`.
+/// a refill waits for it, at most `REFILL_DEFER`. `Shared::take` counts
+/// it (so no refill can look between the take and the count); this
+/// uncounts it.
 struct InFlight(Arc<Shared>);
-
-impl InFlight {
-    fn new(shared: &Arc<Shared>) -> InFlight {
-        shared.lock().in_flight += 1;
-        InFlight(shared.clone())
-    }
-}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -530,7 +525,8 @@ impl Pool {
                 shared.empty_reason()
             }),
         };
-        let in_flight = warm.is_ok().then(|| InFlight::new(shared));
+        // `take` counted it, under the lock that handed it out.
+        let in_flight = warm.is_ok().then(|| InFlight(shared.clone()));
         let (state, cold_why, runtime) = match warm {
             Ok(warm) => (Pooled::Warm(warm), None, shared.runtime.clone()),
             Err(why) => {
@@ -834,7 +830,8 @@ impl Shared {
         self.suits(policy)
     }
 
-    /// The oldest ready sandbox still ready and young enough.
+    /// The oldest ready sandbox still ready and young enough, counted in
+    /// flight (the caller holds it in an `InFlight`).
     fn take(&self) -> Option<Entry> {
         let mut stale = Vec::new();
         let taken = {
@@ -845,6 +842,7 @@ impl Shared {
                     let spare = Duration::from_millis(state.last_refill_ms.unwrap_or(0)) + REFILL_DEFER;
                     state.claims_sparse = state.last_claim.is_none_or(|last| last.elapsed() >= spare);
                     state.last_claim = Some(Instant::now());
+                    state.in_flight += 1;
                     taken = Some(entry);
                     break;
                 }
@@ -939,9 +937,16 @@ impl Shared {
                 }
             }
             {
-                let state = self.lock();
+                let mut state = self.lock();
                 if state.claims_sparse {
-                    let _ = self.wake.wait_timeout_while(state, REFILL_DEFER, |s| s.in_flight > 0 && !s.closed);
+                    state = match self.wake.wait_timeout_while(state, REFILL_DEFER, |s| s.in_flight > 0 && !s.closed) {
+                        Ok((state, _)) => state,
+                        Err(poisoned) => poisoned.into_inner().0,
+                    };
+                }
+                // Closed while it waited: nothing more is made.
+                if state.closed {
+                    return;
                 }
             }
             let began = Instant::now();
