@@ -604,7 +604,9 @@ struct PooledInstance {
     files: Vec<(SandboxPath, Vec<u8>)>,
     /// Why the next run is cold, for its record.
     cold_why: Option<String>,
-    /// Held from the take until the warm run ends.
+    /// Held from the take until the run ends (a claim that fails or goes
+    /// cold keeps it until the sandbox is dropped: a refill waits for it at
+    /// most `REFILL_DEFER` either way).
     in_flight: Option<InFlight>,
 }
 
