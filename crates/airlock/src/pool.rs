@@ -292,6 +292,15 @@ struct State {
     /// sparse (`REFILL_DEFER`).
     last_claim: Option<Instant>,
     claims_sparse: bool,
+    /// When a claim last found no ready sandbox (`MISS_MEMORY`).
+    last_miss: Option<Instant>,
+}
+
+impl State {
+    /// Whether a claim found the pool empty within `MISS_MEMORY`.
+    fn missed_lately(&self) -> bool {
+        self.last_miss.is_some_and(|miss| miss.elapsed() < MISS_MEMORY)
+    }
 }
 
 /// A warm sandbox handed out, until its run ends or it is dropped unrun:
@@ -317,13 +326,22 @@ const REFILL_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a refill waits for the warm run in flight to end before it
 /// starts, when claims are sparse: the claim came longer after the one
 /// before than the last refill took plus this wait (an agent calling its
-/// tool, say). A refill is a whole sandbox made (pooled) or a fork of the
+/// tool, say), and no claim found the pool empty lately (`MISS_MEMORY`).
+/// A refill is a whole sandbox made (pooled) or a fork of the
 /// template (forked), CPU the claimed run would otherwise share with it: on
 /// this 2-core machine a forked `print(1+1)` took 10.5 ms with the wait,
 /// 19.9 without. A busy pool refills at once: waiting there cut a saturated
 /// forked pool from 43 to 15 jobs/s (bench/results/pool.md). Bounded, so
 /// that a long run never holds the pool empty.
 const REFILL_DEFER: Duration = Duration::from_millis(20);
+
+/// How long a claim that found the pool empty keeps the refill from
+/// waiting (`REFILL_DEFER`): claims outrun the refill, and every one that
+/// misses runs cold, which costs far more CPU than the wait saves. At
+/// saturation claims can still come further apart than the last refill
+/// took plus the wait, so the time rule alone kept waiting there (a 4 to
+/// 15 % cost, bench/results/pool.md); a miss is the exact sign.
+const MISS_MEMORY: Duration = Duration::from_secs(1);
 
 /// The most sandboxes whose run is over that wait for the reaper: what
 /// they still hold (their tmpfs, their host ids) stays bounded.
@@ -842,13 +860,18 @@ impl Shared {
             while let Some(entry) = state.ready.pop_front() {
                 if entry.warm.is_ready() && entry.ready_at.elapsed() < self.options.idle_expiry {
                     let spare = Duration::from_millis(state.last_refill_ms.unwrap_or(0)) + REFILL_DEFER;
-                    state.claims_sparse = state.last_claim.is_none_or(|last| last.elapsed() >= spare);
+                    state.claims_sparse =
+                        state.last_claim.is_none_or(|last| last.elapsed() >= spare) && !state.missed_lately();
                     state.last_claim = Some(Instant::now());
                     state.in_flight += 1;
                     taken = Some(entry);
                     break;
                 }
                 stale.push(entry);
+            }
+            if taken.is_none() {
+                state.last_miss = Some(Instant::now());
+                state.claims_sparse = false;
             }
             taken
         };
@@ -941,7 +964,9 @@ impl Shared {
             {
                 let mut state = self.lock();
                 if state.claims_sparse {
-                    state = match self.wake.wait_timeout_while(state, REFILL_DEFER, |s| s.in_flight > 0 && !s.closed) {
+                    state = match self.wake.wait_timeout_while(state, REFILL_DEFER, |s| {
+                        s.in_flight > 0 && !s.closed && !s.missed_lately()
+                    }) {
                         Ok((state, _)) => state,
                         Err(poisoned) => poisoned.into_inner().0,
                     };
