@@ -355,6 +355,19 @@ fn cannot_refill_runs_cold_and_says_why(mode: PoolMode) {
     assert!(why.contains("refill failed") && why.contains("airlock_no_such_module"), "{why}");
     assert_eq!(pool.stats().ready, 0);
 
+    // A failed refill rests before it tries again, however often claims come:
+    // every claim wakes the refill thread, and one that retried at each wake
+    // made a whole sandbox (or a template) per claim while the image was gone.
+    let failures = pool.stats().refill_failures;
+    let began = std::time::Instant::now();
+    for _ in 0..20 {
+        assert_eq!(run(&pool, "pass").usage.start, Some(RunStart::Cold));
+    }
+    let retries = pool.stats().refill_failures - failures;
+    // At most one try per backoff (2 s), and one more that was under way.
+    let at_most = (began.elapsed().as_secs_f64() / 2.0).floor() as u64 + 2;
+    assert!(retries <= at_most, "{retries} retries in {:?} of claims: more than one per backoff", began.elapsed());
+
     // A run whose environment differs from the pool's runs cold too, and says so.
     let mut other = Policy::default();
     other.env.insert("A".to_owned(), "b".to_owned());

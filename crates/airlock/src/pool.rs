@@ -336,8 +336,9 @@ const REFILL_BACKOFF: Duration = Duration::from_secs(2);
 const REFILL_DEFER: Duration = Duration::from_millis(20);
 
 /// How long a claim that found the pool empty keeps the refill from
-/// waiting (`REFILL_DEFER`): claims outrun the refill, and every one that
-/// misses runs cold, which costs far more CPU than the wait saves. At
+/// waiting (`REFILL_DEFER`), until the first claim after it that finds a
+/// sandbox: claims outrun the refill, and every one that misses runs cold,
+/// which costs far more CPU than the wait saves. At
 /// saturation claims can still come further apart than the last refill
 /// took plus the wait, so the time rule alone kept waiting there (a 4 to
 /// 15 % cost, bench/results/pool.md); a miss is the exact sign.
@@ -964,8 +965,9 @@ impl Shared {
             {
                 let mut state = self.lock();
                 if state.claims_sparse {
+                    // A claim judged busy meanwhile (a miss among them) ends the wait.
                     state = match self.wake.wait_timeout_while(state, REFILL_DEFER, |s| {
-                        s.in_flight > 0 && !s.closed && !s.missed_lately()
+                        s.in_flight > 0 && !s.closed && s.claims_sparse
                     }) {
                         Ok((state, _)) => state,
                         Err(poisoned) => poisoned.into_inner().0,
@@ -1001,7 +1003,11 @@ impl Shared {
                 Err(error) => {
                     state.refill_failures += 1;
                     state.last_refill_error = Some(error.to_string());
-                    let _ = self.wake.wait_timeout(state, REFILL_BACKOFF);
+                    // The whole backoff, whatever wakes the pool meanwhile:
+                    // each claim does, and a refill that retried at each one
+                    // made a sandbox (or a template) per claim while the
+                    // image was gone. Only closing ends it early.
+                    let _ = self.wake.wait_timeout_while(state, REFILL_BACKOFF, |s| !s.closed);
                 }
             }
         }
