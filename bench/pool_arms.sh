@@ -14,7 +14,7 @@
 #   4. the memory a ready pool of 1 and of 8 holds, for each of MODES but cold;
 #   5. (ONLY=print-rust) print(1+1) pooled through the Rust library and
 #      POST /v1/runs against bare `python -c`, with no Python package in the
-#      way (crates/airlock/src/bin/pool_print_bench.rs; needs no PYTHON;
+#      way (crates/airlock/examples/pool_print_bench.rs; needs no PYTHON;
 #      POOL_MODE=forked forks both pools).
 # Bare Python is the python-data image's own venv (a clean venv of the same
 # interpreter, never the global pyenv python, whose .pth hook imports extra
@@ -43,7 +43,8 @@ flag=--release
 python=
 if [ "$only" = print-rust ]; then
   # The workspace's features, so the library is the one the binaries use.
-  cargo build $flag -q --workspace --bins && cargo build $flag -q -p airlock-fork
+  cargo build $flag -q --workspace --bins && cargo build $flag -q -p airlock-fork &&
+    cargo build $flag -q -p airlock --example pool_print_bench
 else
   python=${PYTHON:?PYTHON must name a python with the airlock package installed}
   # airlock-fork: the native library `airlock serve`'s forked pool loads, beside the helper.
@@ -93,7 +94,9 @@ for what in $only; do
       done ;;
     print-rust)
       note "latency, print(1+1), the Rust driver: bare python -c, library, http"
-      "target/$profile/pool_print_bench" "$rounds" python-data "$venv/bin/python" \
+      # The example is built under examples/: its library finds the helper here.
+      AIRLOCK_INIT=$PWD/target/$profile/airlock-init \
+      "target/$profile/examples/pool_print_bench" "$rounds" python-data "$venv/bin/python" \
         "$AIRLOCK" | tee -a "$out" ;;
   esac
 done

@@ -31,9 +31,18 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// `airlock serve` with a pool of one, on loopback, and one connection to it.
+/// Stopped when dropped, so that no path out of the benchmark (an error
+/// included) leaves it serving.
 struct Server {
     process: Child,
     connection: BufReader<TcpStream>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
 }
 
 impl Server {
@@ -207,8 +216,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             times[which].push(arm(which, &mut server)?);
         }
     }
-    let _ = server.process.kill();
-    let _ = server.process.wait();
+    drop(server);
     drop(pool);
     let _ = std::fs::remove_dir_all(&dir);
     let paired = |i: usize| -> Vec<f64> { times[i].iter().zip(&times[0]).map(|(t, b)| t / b).collect() };
