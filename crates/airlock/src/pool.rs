@@ -966,9 +966,10 @@ impl Shared {
                 let mut state = self.lock();
                 if state.claims_sparse {
                     // A claim judged busy meanwhile (a miss among them) ends the wait.
-                    state = match self.wake.wait_timeout_while(state, REFILL_DEFER, |s| {
-                        s.in_flight > 0 && !s.closed && s.claims_sparse
-                    }) {
+                    state = match self
+                        .wake
+                        .wait_timeout_while(state, REFILL_DEFER, |s| s.in_flight > 0 && !s.closed && s.claims_sparse)
+                    {
                         Ok((state, _)) => state,
                         Err(poisoned) => poisoned.into_inner().0,
                     };
