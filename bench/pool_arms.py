@@ -19,7 +19,9 @@ in the same run, in this one process; ``bench/pool_arms.sh`` sets them up.
   memory MODE SIZE...
       a pool of each SIZE in MODE (pooled, forked), filled: the memory its
       ready sandboxes hold (their cgroups' usage, a forked pool's template
-      included), in all and per sandbox.
+      included), in all and per sandbox; then the same pool's gauges
+      from `airlock serve`'s /metrics (server_held_mib,
+      server_template_mib).
 
 Environment: AIRLOCK (the airlock binary, for `airlock serve`). Prints one
 JSON object per measurement.
@@ -333,6 +335,7 @@ def memory(args):
             time.sleep(2)
             stats = pool.stats()
         held = stats.memory_bytes
+        server = server_memory(size, mode)
         print(
             json.dumps(
                 {
@@ -346,11 +349,32 @@ def memory(args):
                     "template_mib": None
                     if stats.template_memory_bytes is None
                     else round(stats.template_memory_bytes / 1048576, 1),
+                    "server_held_mib": server["memory_bytes"],
+                    "server_template_mib": server["template_memory_bytes"],
                     "load": load(),
                 }
             ),
             flush=True,
         )
+
+
+def server_memory(size, mode):
+    """The same pool's gauges from `airlock serve`'s /metrics, once filled
+    and settled: the server's pool holds what it copies and charges itself,
+    which a library pool in this process may not show the same way."""
+    with tempfile.TemporaryDirectory() as workdir:
+        server = Server(workdir, size, mode)
+        try:
+            server.wait_ready(size)
+            time.sleep(2)
+            _, text = server.request("GET", "/metrics")
+        finally:
+            server.close()
+    gauges = {}
+    for name in ("memory_bytes", "template_memory_bytes"):
+        found = re.search(rb"^airlock_pool_" + name.encode() + rb" (\d+)$", text, re.M)
+        gauges[name] = round(int(found.group(1)) / 1048576, 1) if found else None
+    return gauges
 
 
 if __name__ == "__main__":
