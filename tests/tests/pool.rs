@@ -248,6 +248,34 @@ print("main done")
     assert_eq!((record.usage.start, record.signal), (Some(start_of(mode)), Some(15)), "{:?}", record.message);
 }
 
+/// Whether this kernel can collapse a process's pages into transparent huge
+/// pages on request (MADV_COLLAPSE, Linux 6.1, with THP not `never`).
+fn host_collapses_huge_pages() -> bool {
+    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    !enabled.is_empty() && !enabled.contains("[never]") && version >= (6, 1)
+}
+
+/// The warm driver moved the preload's dense memory into huge pages before
+/// the run (driver.py, `_collapse_into_huge_pages`), so that the run's exit
+/// frees it at once. (A fork is not checked this way: its writes, and its
+/// template's, split a shared huge page's mapping back into small pages.)
+#[test]
+fn a_pooled_run_finds_its_preload_in_huge_pages() {
+    if !host_collapses_huge_pages() {
+        eprintln!("skipped: this kernel cannot collapse pages into transparent huge pages (MADV_COLLAPSE)");
+        return;
+    }
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 1, &["numpy", "pandas", "matplotlib"]);
+    let code =
+        "print([int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages:')][0])";
+    let huge_kib: u64 = pooled_ok(&run(&pool, code)).parse().expect("AnonHugePages in kB");
+    assert!(huge_kib >= 16 * 1024, "only {huge_kib} kB of the preload in huge pages");
+}
+
 #[test]
 fn randomness_differs_across_twenty_pooled_runs() {
     randomness_differs_across_twenty_runs(PoolMode::Pooled);

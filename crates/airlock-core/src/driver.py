@@ -69,6 +69,7 @@ def _run():
     if warm:
         for module in sys.argv[10:]:
             __import__(module)
+        _collapse_into_huge_pages()
         if template:
             # Returns only in a fork, its sandbox made, for its own run.
             namespace = {"__name__": "airlock_driver_template", "__file__": _DRIVER_DIR + "/driver_template.py"}
@@ -292,6 +293,58 @@ def _exit_warm(exit_code):
         main.__dict__.clear()
     _flush_streams()
     os._exit(exit_code)
+
+
+# MADV_COLLAPSE (Linux 6.1): make this range's small pages one huge page now.
+_MADV_COLLAPSE = 25
+_HUGE_PAGE = 2 << 20
+_SMALL_PAGE = 4096
+
+
+def _collapse_into_huge_pages():
+    """Moves the preload's dense heap into 2 MiB pages, before any run.
+
+    A warm run ends when its process does, and the kernel frees a process's
+    memory page by page at its exit: after the preload (numpy, pandas,
+    matplotlib: about 70 MB of private memory) that is several milliseconds
+    of every pooled run, more than the rest of a small run's own cost. A
+    huge page is freed at once, so the exit of the ~40 MB that sit in dense
+    2 MiB-aligned blocks (the C heap, numpy's and pandas' arenas) costs about
+    nothing. (In a forked template, writes after a fork split a shared huge
+    page's mapping again, but its small pages stay one block, which the
+    kernel copies at a fork and frees at an exit in batches.) The collapse (about 20 ms) is paid here, while the sandbox is made,
+    not by a run. Only blocks that are three quarters resident already are
+    collapsed, so the pool holds at most a quarter more for them (measured:
+    under 1 MB). An optimisation only: where the kernel has no MADV_COLLAPSE
+    (before 6.1), has transparent huge pages off, or anything here fails,
+    the sandbox is the same, its run's end only later."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise, mincore = libc.madvise, libc.mincore
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        pages = _HUGE_PAGE // _SMALL_PAGE
+        resident = ctypes.create_string_buffer(pages)
+        with open("/proc/self/maps", "rb") as maps:
+            mappings = maps.read().splitlines()
+        for mapping in mappings:
+            fields = mapping.split()
+            # Private writable memory of no file: anonymous, or the C heap.
+            if fields[1] != b"rw-p" or (len(fields) > 5 and fields[5] != b"[heap]"):
+                continue
+            start, end = (int(address, 16) for address in fields[0].split(b"-"))
+            block = (start + _HUGE_PAGE - 1) & -_HUGE_PAGE
+            while block + _HUGE_PAGE <= end:
+                if mincore(block, _HUGE_PAGE, resident) == 0:
+                    if sum(byte & 1 for byte in resident.raw) * 4 >= pages * 3:
+                        madvise(block, _HUGE_PAGE, _MADV_COLLAPSE)
+                block += _HUGE_PAGE
+    except Exception:
+        pass
 
 
 if __name__ == "__main__":
