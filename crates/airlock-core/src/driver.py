@@ -15,18 +15,20 @@
 # PNGs re-checked, never used to decide a status or a limit.
 #
 # Start-up cost matters: every run pays it. So this file holds only what every
-# run needs and imports nothing plain Python has not loaded already; what is
+# run needs and imports nothing plain Python has not loaded already (a warm
+# driver imports ctypes after its preload, before any run); what is
 # needed only when there is something to report (an error, figures) lives in
 # driver_report.py, beside it, loaded then. driver_start.py, Python's script,
 # runs this file, from its bytecode when it can trust it (see there), and
 # leaves its `_code_of` here, which loads driver_report.py the same way.
 #
 # argv: driver_start.py CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP MAX_RESULTS
-#       [READY_PATH [warm PRELOAD...]]
+#       [READY_PATH [warm huge|small PRELOAD...]]
 #
 # With READY_PATH (a FIFO), the driver writes b"C" there just before the
 # code's first instruction. A warm driver (a pooled sandbox, made before any
-# run claimed it) first imports each PRELOAD module, writes b"P", and then
+# run claimed it) first imports each PRELOAD module (with `huge`, moves
+# their memory into huge pages: see _collapse_into_huge_pages), writes b"P", and then
 # blocks on CODE_PATH, a FIFO, until the run's code arrives: a line of four
 # lengths, then the display name, the working directory, the variables the
 # run sets (NAME=VALUE) or removes (NAME), each ended by a NUL, and the code.
@@ -67,9 +69,10 @@ def _run():
     _register_display(state)
 
     if warm:
-        for module in sys.argv[10:]:
+        for module in sys.argv[11:]:
             __import__(module)
-        _collapse_into_huge_pages()
+        if sys.argv[10:11] == ["huge"]:
+            _collapse_into_huge_pages()
         if template:
             # Returns only in a fork, its sandbox made, for its own run.
             namespace = {"__name__": "airlock_driver_template", "__file__": _DRIVER_DIR + "/driver_template.py"}
@@ -295,54 +298,69 @@ def _exit_warm(exit_code):
     os._exit(exit_code)
 
 
-# MADV_COLLAPSE (Linux 6.1): make this range's small pages one huge page now.
+# MADV_COLLAPSE (Linux 6.1): make this range's small pages huge pages now.
 _MADV_COLLAPSE = 25
-_HUGE_PAGE = 2 << 20
-_SMALL_PAGE = 4096
 
 
 def _collapse_into_huge_pages():
-    """Moves the preload's dense heap into 2 MiB pages, before any run.
+    """Moves the preload's dense memory into huge pages, before any run.
 
     A warm run ends when its process does, and the kernel frees a process's
     memory page by page at its exit: after the preload (numpy, pandas,
     matplotlib: about 70 MB of private memory) that is several milliseconds
     of every pooled run, more than the rest of a small run's own cost. A
     huge page is freed at once, so the exit of the ~40 MB that sit in dense
-    2 MiB-aligned blocks (the C heap, numpy's and pandas' arenas) costs about
+    aligned blocks (the C heap, numpy's and pandas' arenas) costs about
     nothing. (In a forked template, writes after a fork split a shared huge
-    page's mapping again, but its small pages stay one block, which the
-    kernel copies at a fork and frees at an exit in batches.) The collapse (about 20 ms) is paid here, while the sandbox is made,
-    not by a run. Only blocks that are three quarters resident already are
-    collapsed, so the pool holds at most a quarter more for them (measured:
-    under 1 MB). An optimisation only: where the kernel has no MADV_COLLAPSE
-    (before 6.1), has transparent huge pages off, or anything here fails,
-    the sandbox is the same, its run's end only later."""
+    page's mapping again; its small pages stay one block.) The collapse
+    (about 20 ms) is paid here, while the sandbox is made, not by a run.
+    Only blocks at least three quarters resident are collapsed, so the
+    sandbox holds at most a third more for them (measured: under 1 MB).
+    Adjacent blocks go in one call: each call drains every CPU's page lists.
+    The supervisor asks for it only where the host's transparent huge pages
+    are not `never` (MADV_COLLAPSE itself would ignore that). An
+    optimisation only: where the kernel has no MADV_COLLAPSE (before 6.1),
+    has no huge page to give, or anything here fails, the sandbox is the
+    same, its run's end only later."""
     if sys.platform != "linux":
         return
     try:
         import ctypes
+        import os
 
         libc = ctypes.CDLL(None, use_errno=True)
         madvise, mincore = libc.madvise, libc.mincore
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-        pages = _HUGE_PAGE // _SMALL_PAGE
+        page = os.sysconf("SC_PAGE_SIZE")
+        # A huge page is what one page table maps: PAGE / 8 entries of PAGE.
+        huge = page * page // 8
+        pages = huge // page
         resident = ctypes.create_string_buffer(pages)
         with open("/proc/self/maps", "rb") as maps:
             mappings = maps.read().splitlines()
+        runs = []  # [start, end) of adjacent dense blocks, each within one mapping
         for mapping in mappings:
             fields = mapping.split()
             # Private writable memory of no file: anonymous, or the C heap.
-            if fields[1] != b"rw-p" or (len(fields) > 5 and fields[5] != b"[heap]"):
+            if len(fields) < 5 or fields[1] != b"rw-p" or (len(fields) > 5 and fields[5] != b"[heap]"):
                 continue
             start, end = (int(address, 16) for address in fields[0].split(b"-"))
-            block = (start + _HUGE_PAGE - 1) & -_HUGE_PAGE
-            while block + _HUGE_PAGE <= end:
-                if mincore(block, _HUGE_PAGE, resident) == 0:
-                    if sum(byte & 1 for byte in resident.raw) * 4 >= pages * 3:
-                        madvise(block, _HUGE_PAGE, _MADV_COLLAPSE)
-                block += _HUGE_PAGE
+            block = (start + huge - 1) & -huge
+            joinable = False
+            while block + huge <= end:
+                dense = mincore(block, huge, resident) == 0 and sum(b & 1 for b in resident.raw) * 4 >= pages * 3
+                if dense and joinable:
+                    runs[-1][1] = block + huge
+                elif dense:
+                    runs.append([block, block + huge])
+                joinable = dense
+                block += huge
+        # A call that fails (EINVAL: no MADV_COLLAPSE in this kernel, or a
+        # mapping not eligible; EAGAIN, ENOMEM: no huge page to give) leaves
+        # its range as it was.
+        for start, end in runs:
+            madvise(start, end - start, _MADV_COLLAPSE)
     except Exception:
         pass
 

@@ -63,11 +63,15 @@ pub enum Start<'a> {
     Announced,
     /// Imports `preload`, announces it, then waits for the code on
     /// [`CODE_FIFO`] (see [`feed`]): a sandbox made ready before its run.
-    Warm { preload: &'a [String] },
-    /// Imports `preload`, then serves forks on its standard input
-    /// (driver_template.py), each of which goes on as a warm driver with
-    /// its report, ready and code pipes at descriptors 3, 4 and 5.
-    Template { preload: &'a [String] },
+    /// With `huge_pages` (the host's transparent huge pages are not
+    /// `never`), the preload's dense memory is first moved into huge pages,
+    /// so that the run's exit frees it sooner (driver.py).
+    Warm { preload: &'a [String], huge_pages: bool },
+    /// Imports `preload` (as `Warm` does, `huge_pages` included), then
+    /// serves forks on its standard input (driver_template.py), each of
+    /// which goes on as a warm driver with its report, ready and code pipes
+    /// at descriptors 3, 4 and 5.
+    Template { preload: &'a [String], huge_pages: bool },
 }
 
 /// Caps on what the driver may report. The supervisor enforces them again.
@@ -240,12 +244,9 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         argv.push(ready_path);
     }
     match start {
-        Start::Warm { preload } => {
-            argv.push("warm".to_owned());
-            argv.extend(preload.iter().cloned());
-        }
-        Start::Template { preload } => {
-            argv.push("template".to_owned());
+        Start::Warm { preload, huge_pages } | Start::Template { preload, huge_pages } => {
+            argv.push(if matches!(start, Start::Warm { .. }) { "warm" } else { "template" }.to_owned());
+            argv.push(if huge_pages { "huge" } else { "small" }.to_owned());
             argv.extend(preload.iter().cloned());
         }
         Start::Cold | Start::Announced => {}

@@ -14,6 +14,7 @@ use crate::cgroup::{AIRLOCK_PROCESSES, CgroupLimits, Hierarchy, RunCgroup};
 use crate::protocol::{CgroupEntry, LandlockPlan, ProcessEnd, RunPlan};
 use crate::seccomp::Instruction;
 use crate::supervise::{self, KillReason, Observed, SandboxFds, Watch};
+use crate::warm::host_allows_huge_pages;
 use crate::{copy, limits};
 
 /// A sandbox made by [`crate::LinuxBackend`].
@@ -185,8 +186,8 @@ impl LinuxInstance {
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
         let start = match &mode {
-            Mode::Warm(warm) => driver::Start::Warm { preload: warm.preload },
-            Mode::Template { preload, .. } => driver::Start::Template { preload },
+            Mode::Warm(warm) => driver::Start::Warm { preload: warm.preload, huge_pages: host_allows_huge_pages() },
+            Mode::Template { preload, .. } => driver::Start::Template { preload, huge_pages: host_allows_huge_pages() },
             Mode::Cold => driver::Start::Announced,
         };
         let template = matches!(mode, Mode::Template { .. });
@@ -404,10 +405,12 @@ impl LinuxInstance {
             }
             None => None,
         };
-        if stats.memory_max_hits > 0 {
+        // Counted since the cgroup was made: a warm run's preload came first.
+        let before = observed.limit_hits_before_release;
+        if stats.memory_max_hits > before.memory {
             seen.reached.insert(Limit::Memory);
         }
-        if stats.pids_max_hits > 0 {
+        if stats.pids_max_hits > before.processes {
             seen.reached.insert(Limit::Pids);
         }
         // The init dies first only by something done to it: airlock's own

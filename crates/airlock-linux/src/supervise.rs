@@ -102,6 +102,10 @@ pub struct Observed {
     /// A warm run's CPU time (the cgroup's) when its code was released: the
     /// preload's, not charged to the run.
     pub cpu_before_release: Option<Duration>,
+    /// A warm run's counts of the memory and process limits reached when
+    /// its code was released: the preload's (the driver's huge-page
+    /// collapse may reach a tight memory limit), not the run's.
+    pub limit_hits_before_release: LimitHits,
     /// From the run's request (a cold run: the helper's start) to the code's
     /// first instruction, as the driver announced it.
     pub first_instruction: Option<Duration>,
@@ -110,6 +114,14 @@ pub struct Observed {
     pub lowered: Lowered,
     /// The run was forked from a template (see `forked`).
     pub forked: bool,
+}
+
+/// How many times a run's cgroup counted its memory and its process limit
+/// reached (see [`crate::cgroup::CgroupStats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitHits {
+    pub memory: u64,
+    pub processes: u64,
 }
 
 /// The limits a claim lowered, `None` where it kept the sandbox's.
@@ -763,7 +775,10 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         self.cpu_time = release.cpu_time;
         self.kill = release.kill;
         self.requested_at = release.requested_at;
-        self.observed.cpu_before_release = Some(self.cgroup.and_then(|c| c.cpu_usage()).unwrap_or_default());
+        let before = self.cgroup.map(|c| c.stats()).unwrap_or_default();
+        self.observed.cpu_before_release = Some(before.cpu_usage.unwrap_or_default());
+        self.observed.limit_hits_before_release =
+            LimitHits { memory: before.memory_max_hits, processes: before.pids_max_hits };
         self.stdin = self.stdin_held.take().map(|fd| Feed { fd, bytes: release.stdin, written: 0 });
         // Our end stays open until the run is over: a FIFO whose every end
         // is closed drops what it holds, and the driver may not have opened

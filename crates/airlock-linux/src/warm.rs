@@ -28,6 +28,23 @@ use airlock_policy::{Language, SandboxPath};
 use crate::instance::{LinuxInstance, Mode, Warm};
 use crate::supervise::{Gate, Release, Waiting};
 
+/// Where the kernel says whether transparent huge pages may be used.
+const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+/// Whether a warm driver may move its preload into huge pages: the host's
+/// setting is `always` or `madvise`, not `never`, and readable. (The
+/// driver's `MADV_COLLAPSE` would ignore `never`, and the sandbox has no
+/// `/sys` to read it from, so the supervisor asks for it.) Read once.
+pub(crate) fn host_allows_huge_pages() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::fs::read_to_string(THP_ENABLED).is_ok_and(|setting| thp_setting_allows(&setting)))
+}
+
+/// `[always] madvise never` and the like: the bracketed word is the setting.
+fn thp_setting_allows(setting: &str) -> bool {
+    matches!(setting.split('[').nth(1).and_then(|rest| rest.split(']').next()), Some("always" | "madvise"))
+}
+
 /// What a warm sandbox's thread runs: a sandbox started ahead of its run
 /// (a [`LinuxInstance`]), or a template's fork (`forked`).
 pub(crate) trait WarmRun: Send + 'static {
@@ -246,5 +263,19 @@ fn never_ready(outcome: Result<Execution, SandboxError>) -> SandboxError {
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thp_setting_allows;
+
+    #[test]
+    fn only_always_and_madvise_allow_huge_pages() {
+        assert!(thp_setting_allows("[always] madvise never\n"));
+        assert!(thp_setting_allows("always [madvise] never\n"));
+        assert!(!thp_setting_allows("always madvise [never]\n"));
+        assert!(!thp_setting_allows(""));
+        assert!(!thp_setting_allows("madvise"));
     }
 }
