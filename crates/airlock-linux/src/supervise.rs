@@ -103,8 +103,8 @@ pub struct Observed {
     /// preload's, not charged to the run.
     pub cpu_before_release: Option<Duration>,
     /// A warm run's counts of the memory and process limits reached when
-    /// its code was released: the preload's (the driver's huge-page
-    /// collapse may reach a tight memory limit), not the run's.
+    /// its preload was done: the preload's (the driver's huge-page collapse
+    /// may reach a tight memory limit), not the run's.
     pub limit_hits_before_release: LimitHits,
     /// From the run's request (a cold run: the helper's start) to the code's
     /// first instruction, as the driver announced it.
@@ -763,6 +763,11 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             || !self.observed.failures.is_empty();
         let alive = || !ended && !readable(socket) && !readable(helper);
         let forked = self.forked.as_ref().and_then(|f| f.root.as_ref());
+        // The preload's limit hits, read before the claim (off its clock):
+        // nothing in the sandbox runs from now until the release.
+        let preload = self.cgroup.map(|c| c.stats()).unwrap_or_default();
+        self.observed.limit_hits_before_release =
+            LimitHits { memory: preload.memory_max_hits, processes: preload.pids_max_hits };
         let waiting = Waiting { alive: &alive, cgroup: self.cgroup, lowered: Default::default(), forked };
         let released = gate(&waiting);
         self.observed.lowered = waiting.lowered.get();
@@ -775,10 +780,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         self.cpu_time = release.cpu_time;
         self.kill = release.kill;
         self.requested_at = release.requested_at;
-        let before = self.cgroup.map(|c| c.stats()).unwrap_or_default();
-        self.observed.cpu_before_release = Some(before.cpu_usage.unwrap_or_default());
-        self.observed.limit_hits_before_release =
-            LimitHits { memory: before.memory_max_hits, processes: before.pids_max_hits };
+        self.observed.cpu_before_release = Some(self.cgroup.and_then(|c| c.cpu_usage()).unwrap_or_default());
         self.stdin = self.stdin_held.take().map(|fd| Feed { fd, bytes: release.stdin, written: 0 });
         // Our end stays open until the run is over: a FIFO whose every end
         // is closed drops what it holds, and the driver may not have opened
