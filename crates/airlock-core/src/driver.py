@@ -309,7 +309,7 @@ def _collapse_into_huge_pages():
     memory page by page at its exit: after the preload (numpy, pandas,
     matplotlib: about 70 MB of private memory) that is several milliseconds
     of every pooled run, more than the rest of a small run's own cost. A
-    huge page is freed at once, so the exit of the ~40 MB that sit in dense
+    huge page is freed at once, so the exit of the 24 to 40 MB that sit in dense
     aligned blocks (the C heap, numpy's and pandas' arenas) costs about
     nothing. (In a forked template, writes after a fork split a shared huge
     page's mapping again; its small pages stay one block.) The collapse
