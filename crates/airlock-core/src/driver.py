@@ -313,7 +313,7 @@ def _collapse_into_huge_pages():
     aligned blocks (the C heap, numpy's and pandas' arenas) costs about
     nothing. (In a forked template, writes after a fork split a shared huge
     page's mapping again; its small pages stay one block.) The collapse
-    (about 20 ms) is paid here, while the sandbox is made, not by a run.
+    (20 to 140 ms here) is paid while the sandbox is made, not by a run.
     Only blocks at least three quarters resident are collapsed, so the
     sandbox holds at most a third more for them (measured: under 1 MB).
     Adjacent blocks go in one call: each call drains every CPU's page lists.
