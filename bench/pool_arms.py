@@ -360,8 +360,9 @@ def memory(args):
 
 def server_memory(size, mode):
     """The same pool's gauges from `airlock serve`'s /metrics, once filled
-    and settled: the server's pool holds what it copies and charges itself,
-    which a library pool in this process may not show the same way."""
+    and settled. The server's sandboxes carry the files beside its binary
+    (the workspace's `libairlock_fork.so`), the package's carry its own
+    embedded copies, so the two doors can differ where those files do."""
     with tempfile.TemporaryDirectory() as workdir:
         server = Server(workdir, size, mode)
         try:

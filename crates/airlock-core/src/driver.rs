@@ -244,11 +244,8 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         argv.push(ready_path);
     }
     match start {
-        Start::Warm { preload, huge_pages } | Start::Template { preload, huge_pages } => {
-            argv.push(if matches!(start, Start::Warm { .. }) { "warm" } else { "template" }.to_owned());
-            argv.push(if huge_pages { "huge" } else { "small" }.to_owned());
-            argv.extend(preload.iter().cloned());
-        }
+        Start::Warm { preload, huge_pages } => warm_argv(&mut argv, "warm", huge_pages, preload),
+        Start::Template { preload, huge_pages } => warm_argv(&mut argv, "template", huge_pages, preload),
         Start::Cold | Start::Announced => {}
     }
     // A template's forks have pipes, not FIFOs.
@@ -260,6 +257,14 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         announces: start != Start::Cold && !template,
         fed: matches!(start, Start::Warm { .. }),
     }
+}
+
+/// A warm driver's arguments after READY_PATH: its mode, whether to move
+/// the preload into huge pages, the preload.
+fn warm_argv(argv: &mut Vec<String>, mode: &str, huge_pages: bool, preload: &[String]) {
+    argv.push(mode.to_owned());
+    argv.push(if huge_pages { "huge" } else { "small" }.to_owned());
+    argv.extend(preload.iter().cloned());
 }
 
 /// A figure the driver returned, checked to be a PNG.

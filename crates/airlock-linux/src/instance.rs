@@ -185,9 +185,10 @@ impl LinuxInstance {
     pub(crate) fn run_as(&self, job: &Job, kill: &KillSwitch, mode: Mode<'_, '_>) -> Result<Execution, SandboxError> {
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
+        let huge_pages = host_allows_huge_pages();
         let start = match &mode {
-            Mode::Warm(warm) => driver::Start::Warm { preload: warm.preload, huge_pages: host_allows_huge_pages() },
-            Mode::Template { preload, .. } => driver::Start::Template { preload, huge_pages: host_allows_huge_pages() },
+            Mode::Warm(warm) => driver::Start::Warm { preload: warm.preload, huge_pages },
+            Mode::Template { preload, .. } => driver::Start::Template { preload, huge_pages },
             Mode::Cold => driver::Start::Announced,
         };
         let template = matches!(mode, Mode::Template { .. });
@@ -406,7 +407,7 @@ impl LinuxInstance {
             None => None,
         };
         // Counted since the cgroup was made: a warm run's preload came first.
-        let before = observed.limit_hits_before_release;
+        let before = observed.preload_limit_hits;
         if stats.memory_max_hits > before.memory {
             seen.reached.insert(Limit::Memory);
         }

@@ -105,7 +105,7 @@ pub struct Observed {
     /// A warm run's counts of the memory and process limits reached when
     /// its preload was done: the preload's (the driver's huge-page collapse
     /// may reach a tight memory limit), not the run's.
-    pub limit_hits_before_release: LimitHits,
+    pub preload_limit_hits: LimitHits,
     /// From the run's request (a cold run: the helper's start) to the code's
     /// first instruction, as the driver announced it.
     pub first_instruction: Option<Duration>,
@@ -766,7 +766,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         // The preload's limit hits, read before the claim (off its clock):
         // nothing in the sandbox runs from now until the release.
         let preload = self.cgroup.map(|c| c.stats()).unwrap_or_default();
-        self.observed.limit_hits_before_release =
+        self.observed.preload_limit_hits =
             LimitHits { memory: preload.memory_max_hits, processes: preload.pids_max_hits };
         let waiting = Waiting { alive: &alive, cgroup: self.cgroup, lowered: Default::default(), forked };
         let released = gate(&waiting);
