@@ -307,26 +307,26 @@ fn a_pooled_run_finds_its_preload_in_huge_pages() {
 /// The warm driver unmapped the preload's libraries' pages before the run
 /// (driver.py, `_unmap_file_pages`), so that the run's exit has fewer page
 /// table entries to clear: a run that does not use pandas finds none of the
-/// file pages of pandas' extension modules' read-only mappings mapped
-/// (about 6.5 MB without the unmapping; their relocated pages, private
-/// copies, are kept and not counted), and a run that does finds them again.
+/// pages of pandas' extension modules' read-only mappings mapped (about
+/// 6.5 MB without the unmapping; mappings holding private copies, the
+/// relocated pages the driver keeps, are left out as it leaves them), and a
+/// run that does use pandas gets its answer, the pages it needs mapped again.
 #[test]
 fn a_pooled_run_finds_its_preload_libraries_unmapped() {
     let _alone = exclusive();
     let pool = pool(Policy::default(), 1, &["numpy", "pandas", "matplotlib"]);
     let mapped_kib_of_pandas_libraries = "\
 def mapped_kib_of_pandas_libraries():
-    total, read_only_pandas_library = 0, False
-    for line in open('/proc/self/smaps'):
+    total, mapping = 0, None
+    for line in open('/proc/self/smaps').read().splitlines() + ['end']:
         fields = line.split()
         if not fields[0].endswith(':'):
-            read_only_pandas_library = (
-                len(fields) > 5 and '/pandas/' in fields[5] and fields[5].endswith('.so') and 'w' not in fields[1]
-            )
-        elif fields[0] == 'Rss:' and read_only_pandas_library:
-            total += int(fields[1])
-        elif fields[0] == 'Anonymous:' and read_only_pandas_library:
-            total -= int(fields[1])
+            if mapping and mapping['Anonymous:'] == 0:
+                total += mapping['Rss:']
+            pandas_library = len(fields) > 5 and '/pandas/' in fields[5] and fields[5].endswith('.so')
+            mapping = {} if pandas_library and 'w' not in fields[1] else None
+        elif mapping is not None and fields[0] in ('Rss:', 'Anonymous:'):
+            mapping[fields[0]] = int(fields[1])
     return total
 ";
     let code = format!("{mapped_kib_of_pandas_libraries}print(mapped_kib_of_pandas_libraries())");
@@ -340,7 +340,8 @@ def mapped_kib_of_pandas_libraries():
          print(mapped_kib_of_pandas_libraries())"
     );
     let used_kib: u64 = pooled_ok(&run(&pool, &code)).parse().expect("kB mapped");
-    assert!(used_kib > untouched_kib, "pandas ran with only {used_kib} kB of its libraries mapped");
+    assert!(used_kib >= untouched_kib + 64, "pandas ran with only {used_kib} kB of its libraries mapped");
+    eprintln!("pandas' libraries mapped: {untouched_kib} kB in a run without pandas, {used_kib} kB in one with it");
 }
 
 #[test]

@@ -75,7 +75,8 @@ def _run():
         if sys.argv[10:11] == ["huge"]:
             _collapse_into_huge_pages()
         if not template:
-            # (A template's forks start without these mappings anyway.)
+            # (A template's forks start without these mappings' page
+            # table entries anyway.)
             _unmap_file_pages()
         if template:
             # Returns only in a fork, its sandbox made, for its own run.
@@ -304,7 +305,8 @@ def _exit_warm(exit_code):
 
 # MADV_COLLAPSE (Linux 6.1): make this range's small pages huge pages now.
 _MADV_COLLAPSE = 25
-# MADV_DONTNEED: drop this range's page table entries.
+# MADV_DONTNEED: drop this range's page table entries. Of a file's own pages
+# that only unmaps them; a private copy (or its swap) it discards for good.
 _MADV_DONTNEED = 4
 
 
@@ -377,20 +379,28 @@ def _unmap_file_pages():
     A warm run's exit unmaps every page its process has mapped, one page
     table entry at a time: after the preload that is about 29 MB of
     libraries' pages (libpython, numpy's and pandas' extensions, libcrypto,
-    libstdc++), about 7,000 entries, more than a millisecond of every pooled
+    libstdc++), about 7,000 entries, about a millisecond of every pooled
     run's end. Most of them a run never touches again. MADV_DONTNEED on a
     read-only private file mapping only drops its entries: the pages stay in
     the page cache, and a run that needs one faults it back in (with its
-    neighbours). Measured outside a sandbox: a pooled `print(1+1)` from the
-    release to the reaping 0.82 of the time, the pandas job about the same
-    (bench/interpreter_exit.py). Only mappings that hold no private copy
-    (smaps' `Anonymous: 0`, and no write permission, so none can appear)
-    are dropped: dropping a copied page (relocations) would lose it. An
+    neighbours). Measured outside a sandbox (bench/interpreter_exit.py):
+    `print(1+1)` and the exit 7.05 against 6.08 ms, the pandas job about the
+    same. Only mappings that hold no private copy, in memory or in swap
+    (smaps' `Anonymous:` and `Swap:` both 0; no write permission, so none
+    can appear) are dropped: dropping a copied page (a library's relocated
+    pages) would lose it. The collector is off from the read of smaps to
+    the last call, so that no object's finalizer unmaps a listed mapping
+    (and its addresses are reused) in between; nothing else runs then (the
+    sandbox's other threads, if any, are a library's idle workers). An
     optimisation only: anything that fails here leaves the mapping as it
     was. (A forked run needs none of this: a fork does not copy the page
     table entries of a mapping that holds no private copy.)"""
     if sys.platform != "linux":
         return
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         import ctypes
 
@@ -399,22 +409,27 @@ def _unmap_file_pages():
         with open("/proc/self/smaps", "rb") as smaps:
             lines = smaps.read().splitlines()
         droppable = []  # [start, end) of read-only private file mappings without private copies
-        mapping = None
-        for line in lines:
+        mapping, copies = None, None  # copies: kB of private copies, once smaps has said
+        for line in lines + [b"end"]:
             fields = line.split()
             if not fields:
                 continue
             if not fields[0].endswith(b":"):
-                # A mapping's first line: ADDRESSES PERMISSIONS OFFSET DEVICE INODE [PATH]
-                mapping = None
+                # The next mapping's first line (or the end): ADDRESSES PERMISSIONS OFFSET DEVICE INODE [PATH]
+                if mapping is not None and copies == 0:
+                    droppable.append(mapping)
+                mapping, copies = None, None
                 if len(fields) > 5 and fields[5].startswith(b"/") and fields[1].endswith(b"p") and b"w" not in fields[1]:
                     mapping = [int(address, 16) for address in fields[0].split(b"-")]
-            elif fields[0] == b"Anonymous:" and mapping is not None and fields[1] == b"0":
-                droppable.append(mapping)
+            elif fields[0] in (b"Anonymous:", b"Swap:") and len(fields) > 1:
+                copies = (copies or 0) + int(fields[1])
         for start, end in droppable:
             madvise(start, end - start, _MADV_DONTNEED)
     except Exception:
         pass
+    finally:
+        if collecting:
+            gc.enable()
 
 
 if __name__ == "__main__":
