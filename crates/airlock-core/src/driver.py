@@ -74,15 +74,15 @@ def _run():
             __import__(module)
         if sys.argv[10:11] == ["huge"]:
             _collapse_into_huge_pages()
-        if not template:
-            # (A template's forks start without these mappings' page
-            # table entries anyway.)
-            _unmap_file_pages()
         if template:
             # Returns only in a fork, its sandbox made, for its own run.
             namespace = {"__name__": "airlock_driver_template", "__file__": _DRIVER_DIR + "/driver_template.py"}
             exec(_code_of(namespace["__file__"]), namespace)
             namespace["serve"]()
+        else:
+            # (A template's forks start without these mappings' page table
+            # entries anyway.)
+            _unmap_file_pages()
     ready = open(ready_path, "wb", buffering=0) if ready_path is not None else None
     if warm:
         ready.write(b"P")
@@ -303,6 +303,15 @@ def _exit_warm(exit_code):
     os._exit(exit_code)
 
 
+def _libc():
+    """The C library, its madvise given the argument types of an address range."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
 # MADV_COLLAPSE (Linux 6.1): make this range's small pages huge pages now.
 _MADV_COLLAPSE = 25
 # MADV_DONTNEED: drop this range's page table entries. Of a file's own pages
@@ -336,9 +345,8 @@ def _collapse_into_huge_pages():
         import ctypes
         import os
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
         madvise, mincore = libc.madvise, libc.mincore
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
         page = os.sysconf("SC_PAGE_SIZE")
         # A huge page is what one page table maps: PAGE / 8 entries of PAGE.
@@ -402,10 +410,7 @@ def _unmap_file_pages():
     collecting = gc.isenabled()
     gc.disable()
     try:
-        import ctypes
-
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise = _libc().madvise
         with open("/proc/self/smaps", "rb") as smaps:
             lines = smaps.read().splitlines()
         droppable = []  # [start, end) of read-only private file mappings without private copies
