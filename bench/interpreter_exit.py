@@ -9,15 +9,19 @@ warm driver at its gate; the time is from the byte that releases it to its
 reaping, through JOB (a file of Python, run as a pooled run's code is; by
 default `print(1+1)`) and `os._exit(0)`. A JOB runs in a scratch folder
 holding a copy of examples/sales.csv, its `/work/` paths pointed there, so
-examples/weighted_median.py is the everyday job. Three arms, alternating:
+examples/weighted_median.py is the everyday job. Four arms, alternating:
 
 - the imports alone;
 - then the driver's collapse (driver.py's `_collapse_into_huge_pages`);
-- then its unmapping of the libraries' pages as well (`_unmap_file_pages`),
+- then its unmapping of the libraries' pages as well (`_unmap_file_pages`);
+- all of that, the imports made from arenas aligned for huge pages
+  (`_align_arenas`, with the native library libairlock_fork.so that
+  AIRLOCK_FORK_LIB names, by default the release build's),
 
-both run from the checkout's driver.py. Run it with the image's interpreter
+each run from the checkout's driver.py. Run it with the image's interpreter
 and site-packages, e.g.
 
+    cargo build --release -p airlock-fork
     V=$(ls -d "$AIRLOCK_HOME"/images/*/venv | head -n1)
     PYTHONPATH=$(ls -d "$V"/lib/python3*/site-packages) OPENBLAS_NUM_THREADS=1 \\
         /root/.pyenv/versions/3.11.7/bin/python3.11 -S bench/interpreter_exit.py 'import pandas, numpy, matplotlib' 30 [JOB]
@@ -39,11 +43,18 @@ LOAD_DRIVER = (
     f"driver = {{'__name__': 'airlock_driver', '__file__': {DRIVER!r}}}\n"
     f"exec(compile(open({DRIVER!r}).read(), {DRIVER!r}, 'exec'), driver)\n"
 )
+NATIVE = os.environ.get("AIRLOCK_FORK_LIB") or os.path.join(CHECKOUT, "target", "release", "libairlock_fork.so")
+COLLAPSE = "driver['_collapse_into_huge_pages']()\n"
+UNMAP = "driver['_unmap_file_pages']()\n"
+# Each arm: what it does before the imports, and after them.
 ARMS = {
-    "imports": "",
-    "then the collapse": LOAD_DRIVER + "driver['_collapse_into_huge_pages']()\n",
-    "then the collapse and the unmapping": LOAD_DRIVER
-    + "driver['_collapse_into_huge_pages']()\ndriver['_unmap_file_pages']()\n",
+    "imports": ("", ""),
+    "then the collapse": ("", LOAD_DRIVER + COLLAPSE),
+    "then the collapse and the unmapping": ("", LOAD_DRIVER + COLLAPSE + UNMAP),
+    "aligned arenas, the collapse and the unmapping": (
+        LOAD_DRIVER + f"driver['_DRIVER_DIR'] = {os.path.dirname(NATIVE)!r}\ndriver['_align_arenas']()\n",
+        COLLAPSE + UNMAP,
+    ),
 }
 
 
@@ -71,7 +82,9 @@ def main():
     job = open(sys.argv[3]).read().replace("/work/", "") if len(sys.argv) > 3 else "print(1+1)"
     gate = "sys.stdout.write('x'); sys.stdout.flush(); sys.stdin.read(1)\n"
     run = f"exec(compile({job!r}, '<run>', 'exec'), {{'__name__': '__main__'}})\nsys.stdout.flush(); os._exit(0)"
-    codes = {name: f"import os, sys\n{imports}\n{prepare}{gate}{run}" for name, prepare in ARMS.items()}
+    if not os.path.isfile(NATIVE):
+        sys.exit(f"no native library at {NATIVE}: build it (cargo build --release -p airlock-fork) or set AIRLOCK_FORK_LIB")
+    codes = {name: f"import os, sys\n{before}{imports}\n{after}{gate}{run}" for name, (before, after) in ARMS.items()}
     samples = {name: [] for name in codes}
     for _ in range(rounds):
         for name, code in codes.items():

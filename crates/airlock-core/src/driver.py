@@ -16,7 +16,7 @@
 #
 # Start-up cost matters: every run pays it. So this file holds only what every
 # run needs and imports nothing plain Python has not loaded already (a warm
-# driver imports ctypes after its preload, before any run); what is
+# driver imports ctypes before its preload, before any run); what is
 # needed only when there is something to report (an error, figures) lives in
 # driver_report.py, beside it, loaded then. driver_start.py, Python's script,
 # runs this file, from its bytecode when it can trust it (see there), and
@@ -27,8 +27,9 @@
 #
 # With READY_PATH (a FIFO), the driver writes b"C" there just before the
 # code's first instruction. A warm driver (a pooled sandbox, made before any
-# run claimed it) first imports each PRELOAD module (with `huge`, moves
-# their memory into huge pages: see _collapse_into_huge_pages), unmaps their
+# run claimed it) first imports each PRELOAD module (with `huge`, from
+# arenas aligned for huge pages, and then moves their memory into huge
+# pages: see _align_arenas and _collapse_into_huge_pages), unmaps their
 # libraries' pages (_unmap_file_pages), writes b"P", and then
 # blocks on CODE_PATH, a FIFO, until the run's code arrives: a line of four
 # lengths, then the display name, the working directory, the variables the
@@ -70,9 +71,12 @@ def _run():
     _register_display(state)
 
     if warm:
+        huge = sys.argv[10:11] == ["huge"]
+        if huge:
+            _align_arenas()
         for module in sys.argv[11:]:
             __import__(module)
-        if sys.argv[10:11] == ["huge"]:
+        if huge:
             _collapse_into_huge_pages()
         if template:
             # Returns only in a fork, its sandbox made, for its own run.
@@ -317,6 +321,33 @@ _MADV_COLLAPSE = 25
 # MADV_DONTNEED: drop this range's page table entries. Of a file's own pages
 # that only unmaps them; a private copy (or its swap) it discards for good.
 _MADV_DONTNEED = 4
+
+
+def _align_arenas():
+    """Has CPython take its object arenas from chunks aligned to huge pages.
+
+    CPython keeps small objects in 1 MiB arenas, each its own mapping, and
+    the preload's imports map them between the libraries they load: about
+    20 MB of the preload's memory in pieces that no huge page can map, so
+    the run's exit frees them page by page (about 5,000 pages; 2.7 ms of
+    `print(1+1)` and its exit, bench/interpreter_exit.py). The native
+    library beside this file (libairlock_fork.so, crates/airlock-fork,
+    `arena`) installs an arena allocator whose arenas lie side by side in
+    aligned chunks, which _collapse_into_huge_pages then reaches. It changes
+    where arenas are, not what CPython does with them; it stays for the run
+    (the code's new arenas come from it too). An optimisation only: without
+    the library, or if it fails, the arenas are CPython's own."""
+    import os
+
+    native = _DRIVER_DIR + "/libairlock_fork.so"
+    if sys.platform != "linux" or not os.path.exists(native):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(native).airlock_fork_align_arenas()
+    except Exception:
+        pass
 
 
 def _collapse_into_huge_pages():

@@ -1,5 +1,7 @@
 //! `libairlock_fork.so`: the native steps of a forked pool's template and
-//! its forks (docs/design.md, "Forked starts"; `airlock_linux::fork`).
+//! its forks (docs/design.md, "Forked starts"; `airlock_linux::fork`), and
+//! the arena allocator every warm driver installs before its preload
+//! ([`arena`]; a pooled sandbox loads the library for that alone).
 //!
 //! The template's driver loads it with `ctypes.CDLL` and calls these
 //! functions with integers only: no pointer and no struct crosses from
@@ -12,11 +14,23 @@
 use std::os::fd::BorrowedFd;
 use std::os::raw::c_int;
 
+mod arena;
+
 use airlock_linux::fork;
 use airlock_linux::protocol::{CodeSetup, Failure};
 
 /// The status a fork exits with when a step of its setup failed.
 const SETUP_FAILED: c_int = 125;
+
+/// In a warm driver, before its preload: CPython's object arenas from
+/// chunks aligned to huge pages, so that the preload's can be collapsed
+/// into them ([`arena`]). Returns 0, EEXIST if already installed, or ENOSYS
+/// in a process without CPython.
+// SAFETY: the symbol's name is this library's own, unique in the process.
+#[unsafe(no_mangle)]
+pub extern "C" fn airlock_fork_align_arenas() -> c_int {
+    arena::install()
+}
 
 /// In the template, before its two forks: the PID namespace they are born in.
 /// Returns 0, or the errno.

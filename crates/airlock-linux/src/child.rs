@@ -297,7 +297,7 @@ fn sandbox_init(
             .into_iter()
             .filter_map(|(wanted, name)| wanted.then_some(name))
             .collect();
-    let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos, plan.template)?;
+    let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos, plan.executable_program)?;
     mounts::pivot_into_stage()?;
 
     let namespaces = JOINED_NAMESPACES.iter().map(|(kind, _)| userns::open_own(kind)).collect::<Result<Vec<_>, _>>()?;

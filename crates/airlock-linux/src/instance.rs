@@ -193,8 +193,23 @@ impl LinuxInstance {
         };
         let template = matches!(mode, Mode::Template { .. });
         let mut program = driver::program_with(job, &self.runtime, &caps, start);
-        if let Mode::Template { native, .. } = &mode {
-            program.files.push(driver::ProgramFile { name: crate::forked::NATIVE_NAME, content: native.clone() });
+        match &mode {
+            Mode::Template { native, .. } => {
+                program.files.push(driver::ProgramFile { name: crate::forked::NATIVE_NAME, content: native.clone() });
+            }
+            // A pooled sandbox's driver loads the native library for its
+            // arena allocator alone (driver.py, `_align_arenas`), which only
+            // huge pages make worth having. An optimisation, not a layer: a
+            // sandbox whose library cannot be found or read starts without it.
+            Mode::Warm(_) if huge_pages => {
+                let native = crate::forked::native_library(&self.helper, self.fork_library.as_deref())
+                    .ok()
+                    .and_then(|path| std::fs::read(path).ok());
+                if let Some(content) = native {
+                    program.files.push(driver::ProgramFile { name: crate::forked::NATIVE_NAME, content });
+                }
+            }
+            Mode::Warm(_) | Mode::Cold => {}
         }
         let network = self.policy.network.is_enabled();
         let mut env = self.runtime.environment(&self.policy);
@@ -249,6 +264,7 @@ impl LinuxInstance {
                 .then(|| self.landlock_plan(fifos)),
             seccomp: if template { crate::seccomp::template_program() } else { self.seccomp.as_ref().clone() },
             template,
+            executable_program: program.files.iter().any(|file| file.name == crate::forked::NATIVE_NAME),
         };
 
         let mut cgroup: Option<Box<dyn RunCgroup>> = match &self.cgroups {

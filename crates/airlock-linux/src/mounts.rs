@@ -551,8 +551,9 @@ const WRITABLE: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 /// Child side, for each run: a fresh /proc for the run's PID namespace with
 /// the host's kernel internals masked, and the program at /.airlock. Returns
 /// the FIFOs named in `fifos`, in that order, each opened for the supervisor.
-/// `executable`: the program's folder may hold a library to load (a forked
-/// pool's template's; its forks make it not executable again).
+/// `executable`: the program's folder holds a library to load (a forked
+/// pool's template's, whose forks make it not executable again; a pooled
+/// sandbox's arena allocator).
 pub fn build_run_root(
     program_files: &[(String, Vec<u8>)],
     fifos: &[&str],

@@ -151,6 +151,12 @@ pub struct RunPlan {
     /// survives the exec) and enters no Landlock domain; its forks do both.
     #[serde(default)]
     pub template: bool,
+    /// The program's folder is mounted without `noexec`: it holds the
+    /// native library the driver loads (a template's, or a pooled
+    /// sandbox's arena allocator). The code gains nothing by it: its /work
+    /// and /tmp are executable, and the library is readable anyway.
+    #[serde(default)]
+    pub executable_program: bool,
 }
 
 /// A fork's plan (the forked mode, see `fork`): what the template's fork
@@ -435,6 +441,7 @@ mod tests {
             landlock: None,
             seccomp: program.clone(),
             template: false,
+            executable_program: false,
         };
         let json = serde_json::to_string(&plan).unwrap();
         let back: RunPlan = serde_json::from_str(&json).unwrap();
