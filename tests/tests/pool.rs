@@ -320,6 +320,7 @@ fn a_pooled_run_finds_its_preload_arenas_in_huge_pages() {
     let pool = pool(Policy::default(), 1, &["numpy", "pandas", "matplotlib"]);
     let code = "\
 rollup = {l.split()[0]: int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.endswith(' kB\\n')}
+assert 'libairlock_fork.so' in open('/proc/self/maps').read(), 'the arena allocator\\'s library is not loaded'
 print(rollup['Anonymous:'] - rollup['AnonHugePages:'], rollup['AnonHugePages:'])";
     let output = pooled_ok(&run(&pool, code)).to_owned();
     let (small_kib, huge_kib) = output.split_once(' ').expect("two figures");

@@ -329,8 +329,8 @@ def _align_arenas():
     CPython keeps small objects in 1 MiB arenas, each its own mapping, and
     the preload's imports map them between the libraries they load: about
     20 MB of the preload's memory in pieces that no huge page can map, so
-    the run's exit frees them page by page (about 5,000 pages; 2.7 ms of
-    `print(1+1)` and its exit, bench/interpreter_exit.py). The native
+    the run's exit frees them page by page (about 5,000 pages; `print(1+1)`
+    and its exit 4.92 against 3.02 ms, bench/interpreter_exit.py). The native
     library beside this file (libairlock_fork.so, crates/airlock-fork,
     `arena`) installs an arena allocator whose arenas lie side by side in
     aligned chunks, which _collapse_into_huge_pages then reaches. It changes

@@ -14,10 +14,13 @@
 //! each pair of full ones can be collapsed.
 //!
 //! It changes where arenas are, not how CPython uses them: an arena of this
-//! allocator is fresh zeroed memory as `mmap` gives, and a freed one is given
-//! back to the kernel at once. A request it cannot serve (another size, a
-//! chunk the kernel refuses, every chunk slot used) goes to the allocator it
-//! replaced, and so does the freeing of every arena that allocator made.
+//! allocator is fresh zeroed memory as `mmap` gives, and a freed one's pages
+//! are given back to the kernel at once (`MADV_DONTNEED`; the arena stays
+//! mapped, to be handed out again). A request it cannot serve (another
+//! size, a chunk the kernel refuses, every chunk slot used) goes to the
+//! allocator it replaced, and so does the freeing of every arena that
+//! allocator made. Chunks are never unmapped, so an address within one is
+//! always this allocator's.
 //! CPython calls both functions with its interpreter lock held; the mutex
 //! only keeps that an assumption this file does not rely on.
 
@@ -37,9 +40,15 @@ const CHUNK: usize = 4 * HUGE_PAGE;
 /// How many chunks this allocator makes at most (512 MiB of arenas); past
 /// that, arenas come from the allocator it replaced.
 const MAX_CHUNKS: usize = 64;
-/// How many freed arenas it keeps for reuse; past that, a freed arena is
-/// unmapped for good.
-const MAX_FREE: usize = 128;
+/// The smallest arena it serves: CPython's are 256 KiB (3.9 and before) or
+/// 1 MiB. Smaller requests (3.11's frame stacks, which take their memory
+/// from the same allocator) are the replaced allocator's, and never teach
+/// this one its size.
+const MIN_ARENA: usize = 256 << 10;
+/// Room for every arena its chunks can hold, so that a freed one is always
+/// kept to hand out again: nothing inside a chunk is ever unmapped, so an
+/// address in a chunk is always one of this allocator's.
+const MAX_FREE: usize = MAX_CHUNKS * CHUNK / MIN_ARENA;
 
 /// CPython's `PyObjectArenaAllocator` (Include/cpython/objimpl.h), unchanged
 /// since 3.4.
@@ -173,7 +182,7 @@ unsafe extern "C" fn free_arena(_ctx: *mut c_void, ptr: *mut c_void, size: usize
 impl Arenas {
     /// An arena of `size` from a chunk, if this allocator serves it.
     fn take(&mut self, size: usize) -> Option<usize> {
-        if self.arena_size == 0 && size > 0 && HUGE_PAGE % size == 0 && size % page_size() == 0 {
+        if self.arena_size == 0 && size >= MIN_ARENA && HUGE_PAGE % size == 0 && size % page_size() == 0 {
             self.arena_size = size;
         }
         if size != self.arena_size || size == 0 {
@@ -238,15 +247,13 @@ impl Arenas {
         // SAFETY: an arena of ours that CPython has freed: nothing points
         // into it any more. MADV_DONTNEED gives its pages back and leaves
         // it mapped, reading as zeros, as a fresh arena must.
-        let kept = self.free_count < MAX_FREE
-            && unsafe { madvise(address as *mut c_void, size, Advice::LinuxDontNeed) }.is_ok();
-        if kept {
+        let cleared = unsafe { madvise(address as *mut c_void, size, Advice::LinuxDontNeed) }.is_ok();
+        // (The list has room for every arena of every chunk. An arena the
+        // kernel would not clear, which it has no reason to refuse, stays
+        // mapped and is never handed out again.)
+        if cleared && self.free_count < MAX_FREE {
             self.free[self.free_count] = address;
             self.free_count += 1;
-        } else {
-            // SAFETY: as above; unmapped for good, never handed out again
-            // (the bump pointer only moves forward).
-            let _ = unsafe { munmap(address as *mut c_void, size) };
         }
         true
     }

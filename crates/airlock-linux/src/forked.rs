@@ -39,8 +39,9 @@ use crate::supervise::{Gate, Watch};
 use crate::warm::{WarmRun, WarmSandbox};
 use crate::{copy, limits, process};
 
-/// The environment variable naming the forks' native library, for installs
-/// where it is not beside the helper.
+/// The environment variable naming the native library (the forks' steps,
+/// and the arena allocator of every warm driver), for installs where it is
+/// not beside the helper.
 pub const NATIVE_ENV: &str = "AIRLOCK_FORK_LIB";
 /// The native library's file name (built from crates/airlock-fork).
 pub const NATIVE_NAME: &str = "libairlock_fork.so";
@@ -54,7 +55,7 @@ pub(crate) const TEMPLATE_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24
 /// The namespaces a fork's code process must not share with its template.
 const OWN_NAMESPACES: [&str; 7] = ["mnt", "net", "ipc", "uts", "cgroup", "user", "pid"];
 
-/// Where the forks' native library is: the backend's own, else
+/// Where the native library is: the backend's own, else
 /// [`NATIVE_ENV`], else beside `helper`.
 pub fn native_library(helper: &std::path::Path, given: Option<&std::path::Path>) -> Result<PathBuf, SandboxError> {
     if let Some(path) = given {

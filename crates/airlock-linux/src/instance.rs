@@ -20,7 +20,7 @@ use crate::{copy, limits};
 /// A sandbox made by [`crate::LinuxBackend`].
 pub struct LinuxInstance {
     pub(crate) helper: PathBuf,
-    /// The forked mode's native library, if the backend was given one.
+    /// The native library (forked mode, arena allocator), if the backend was given one.
     pub(crate) fork_library: Option<PathBuf>,
     pub(crate) policy: Policy,
     pub(crate) runtime: Runtime,

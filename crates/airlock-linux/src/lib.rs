@@ -82,7 +82,8 @@ pub const HELPER_NAME: &str = "airlock-init";
 #[derive(Debug, Default)]
 pub struct LinuxBackend {
     helper: Option<PathBuf>,
-    /// The forked mode's native library, where it is not beside the helper.
+    /// The native library (the forked mode's, and every warm driver's arena
+    /// allocator), where it is not beside the helper.
     fork_library: Option<PathBuf>,
     state: OnceLock<HostState>,
 }
@@ -108,8 +109,9 @@ impl LinuxBackend {
         LinuxBackend { helper: Some(helper.into()), fork_library: None, state: OnceLock::new() }
     }
 
-    /// This backend, its forked templates loading the native library at
-    /// `path` (see [`FORK_LIB_NAME`]) rather than the one beside the helper.
+    /// This backend, its forked templates and pooled sandboxes loading the
+    /// native library at `path` (see [`FORK_LIB_NAME`]) rather than the one
+    /// beside the helper.
     pub fn with_fork_library(mut self, path: impl Into<PathBuf>) -> LinuxBackend {
         self.fork_library = Some(path.into());
         self
