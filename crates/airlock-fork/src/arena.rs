@@ -72,7 +72,8 @@ struct Replaced {
 /// dereferenced.
 struct Arenas {
     replaced: Replaced,
-    /// The size of CPython's arenas, learnt from its first request.
+    /// The size of CPython's arenas, learnt from its first request of at
+    /// least [`MIN_ARENA`] that divides a huge page (0 until then).
     arena_size: usize,
     /// [start, start + CHUNK) of each chunk made.
     chunks: [usize; MAX_CHUNKS],
