@@ -24,13 +24,14 @@ if [ ! -d "$AIRLOCK_HOME/images" ]; then
   cargo build $flag -q -p airlock-cli --bin airlock
   target/$profile/airlock image build python-data >&2
 fi
-venv=$(ls -d "$AIRLOCK_HOME"/images/*/venv | head -n1)
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Bare Python: the image's interpreter and packages, outside any sandbox.
+source bench/bare_venv.sh
+trap 'rm -rf "$work" "$bare_venv"' EXIT
 # Bare Python reads /work/sales.csv in the sandbox; outside, the same script
 # reads the copy in $work (paths rewritten, nothing else).
 cp examples/sales.csv "$work/"
 sed "s#/work/#$work/#g" examples/weighted_median.py > "$work/bare_weighted_median.py"
-target/$profile/examples/pool_bench "$rounds" "$venv/bin/python" "$work/bare_weighted_median.py" \
+target/$profile/examples/pool_bench "$rounds" "$bare_python" "$work/bare_weighted_median.py" \
   examples/weighted_median.py examples/sales.csv bench/results/pool-pandas.json
 echo "reproduce: PROFILE=$profile bench/pool.sh $rounds   (AIRLOCK_HOME=$AIRLOCK_HOME)"

@@ -20,21 +20,12 @@ airlock=$PWD/target/release/airlock
 [ -x "$airlock" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-bench-home}
 "$airlock" image build python-data >&2
-image=$(cut -d' ' -f1 "$AIRLOCK_HOME/images/names/python-data")
-venv=$AIRLOCK_HOME/images/$image/venv
-read -r executable base version < <(python3 -c "import json; p = json.load(open('$AIRLOCK_HOME/images/$image/manifest.json'))['python']; print(p['executable'], p['base_prefix'], p['version'])")
-short=${version%.*}
 work=$(mktemp -d)
-# Bare Python: a clean venv of the image's interpreter holding the image's
-# packages, made on the host (the image's own venv names its interpreter
-# where the sandbox shows it, /opt/airlock/python, so it does not run outside).
-bare=$(mktemp -d /var/tmp/airlock-bare-venv.XXXXXX)
-trap 'rm -rf "$work" "$bare"' EXIT
-mkdir -p "$bare/bin" "$bare/lib/python$short"
-ln -s "$executable" "$bare/bin/python"
-ln -s "$venv/lib/python$short/site-packages" "$bare/lib/python$short/site-packages"
-printf 'home = %s\ninclude-system-site-packages = false\nversion = %s\n' "$(dirname "$executable")" "$version" > "$bare/pyvenv.cfg"
-python=$bare/bin/python
+# Bare Python: the image's interpreter and packages, outside any sandbox.
+source bench/bare_venv.sh
+trap 'rm -rf "$work" "$bare_venv"' EXIT
+bare=$bare_venv
+python=$bare_python
 cp examples/sales.csv examples/weighted_median.py "$work/"
 # Bare Python reads /work/sales.csv in the sandbox; outside, the same script
 # reads the copy in $work (paths rewritten, nothing else).
