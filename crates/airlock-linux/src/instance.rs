@@ -44,6 +44,9 @@ pub struct LinuxInstance {
     /// them to exit (see `supervise::run`). Reaped at the next run if they
     /// have exited, and when the sandbox goes.
     pub(crate) ending: std::sync::Mutex<Vec<supervise::Ending>>,
+    /// A helper started while the sandbox was built, for its first run
+    /// when that run is made on the same thread (see `spare`).
+    pub(crate) run_helper: std::sync::Mutex<Option<crate::spare::SpareHelper>>,
     /// The sandbox's host ids, held while it lives; last, so they are given
     /// back only once the namespaces above are closed.
     pub(crate) host_id: crate::hostid::HostId,
@@ -313,8 +316,9 @@ impl LinuxInstance {
                 (None, Some(control))
             }
         };
+        let spare = self.run_helper.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         let (observed, ending) = supervise::run(
-            &self.helper,
+            crate::spare::HelperSource { path: &self.helper, spare },
             plan,
             SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd(), stdin },
             cgroup.as_deref(),

@@ -44,6 +44,7 @@ mod process;
 pub mod protocol;
 mod sampler;
 pub mod seccomp;
+mod spare;
 mod supervise;
 mod sys;
 mod userns;
@@ -86,6 +87,9 @@ pub struct LinuxBackend {
     /// allocator), where it is not beside the helper.
     fork_library: Option<PathBuf>,
     state: OnceLock<HostState>,
+    /// A helper started while the host is probed, for the first sandbox's
+    /// setup (see `spare`).
+    spare: std::sync::Mutex<Option<spare::SpareHelper>>,
 }
 
 #[derive(Debug)]
@@ -106,7 +110,7 @@ impl LinuxBackend {
 
     /// A backend using this helper binary.
     pub fn with_helper(helper: impl Into<PathBuf>) -> LinuxBackend {
-        LinuxBackend { helper: Some(helper.into()), fork_library: None, state: OnceLock::new() }
+        LinuxBackend { helper: Some(helper.into()), ..LinuxBackend::default() }
     }
 
     /// This backend, its forked templates and pooled sandboxes loading the
@@ -121,6 +125,14 @@ impl LinuxBackend {
         self.state.get_or_init(|| {
             let helper = self.helper_path().ok();
             let cgroups = Hierarchy::detect(helper.as_deref());
+            // Started once the cgroup is known (finding it may move this
+            // process into a systemd scope, and a helper outside it could
+            // not place the run in its cgroup), so that its start overlaps
+            // the rest of the probe and the caller's own work.
+            if let Some(helper) = &helper {
+                *self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    spare::SpareHelper::start(helper);
+            }
             if let Ok(h) = &cgroups {
                 // The next start after a crash cleans up what it left.
                 h.remove_stale();
@@ -182,8 +194,9 @@ impl Backend for LinuxBackend {
         };
         // A sandbox that cannot be made may mean the host changed since a
         // remembered trial: the next start probes again, and names the fix.
-        let ([user_ns, mount_ns, stage, work, tmp], host_paths_shown, setup_helper) =
-            setup(&helper, plan).inspect_err(|_| probe::forget_trial())?;
+        let spare = self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let (made, run_helper) = setup(&helper, plan, spare, true).inspect_err(|_| probe::forget_trial())?;
+        let Made { fds: [user_ns, mount_ns, stage, work, tmp], host_paths_shown, helper: setup_helper } = made;
         let files = confine::file_access(&host_id.mapping, &helper, &user_ns)?;
         for (name, content) in &runtime.tmp_seed {
             // Checked as a path below a directory, as those below /work are.
@@ -219,6 +232,7 @@ impl Backend for LinuxBackend {
             files,
             details,
             ending: std::sync::Mutex::new(vec![setup_helper]),
+            run_helper: std::sync::Mutex::new(run_helper),
             host_id,
         }))
     }
@@ -272,15 +286,32 @@ fn hand_writable_to_sandbox(binds: &[protocol::Bind], ids: &hostid::IdMapping) -
     Ok(())
 }
 
-/// Runs the helper's setup and returns the sandbox's descriptors (user ns,
-/// mount ns, stage root, /work, /tmp), the host paths its mount table shows,
-/// and the helper, still ending: once it has handed the sandbox over it
-/// only closes what it built in, and is reaped when the sandbox goes.
-fn setup(helper: &Path, plan: SetupPlan) -> Result<([OwnedFd; 5], Vec<String>, supervise::Ending), SandboxError> {
+/// A sandbox as its setup helper handed it over.
+struct Made {
+    /// The user namespace, the mount namespace, the stage root, /work, /tmp.
+    fds: [OwnedFd; 5],
+    /// The host paths its mount table shows.
+    host_paths_shown: Vec<String>,
+    /// The helper, still ending: once it has handed the sandbox over it only
+    /// closes what it built in, and is reaped when the sandbox goes.
+    helper: supervise::Ending,
+}
+
+/// Runs the helper's setup (in `spare`, where this thread started one) and
+/// returns the sandbox. With `spare_for_run`, a helper for the sandbox's
+/// first run is started while this one builds (see `spare`) and returned too.
+fn setup(
+    helper: &Path,
+    plan: SetupPlan,
+    spare: Option<spare::SpareHelper>,
+    spare_for_run: bool,
+) -> Result<(Made, Option<spare::SpareHelper>), SandboxError> {
     let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
-    let (child, ours) =
-        supervise::spawn_helper(helper, &[]).map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
+    let (child, ours) = spare::HelperSource { path: helper, spare }
+        .start()
+        .map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
     let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
+    let next = if spare_for_run && sent.is_ok() { spare::SpareHelper::start(helper) } else { None };
     let reply = sent.and_then(|()| supervise::recv_within(ours.as_fd(), supervise::SETUP_TIMEOUT));
     // Killed and reaped unless it handed the sandbox over: a helper stuck (on
     // a hung mount, say) must not hold the caller forever.
@@ -288,7 +319,7 @@ fn setup(helper: &Path, plan: SetupPlan) -> Result<([OwnedFd; 5], Vec<String>, s
     match reply {
         Ok(Some((Reply::SetupDone { host_paths_shown }, fds))) => fds
             .try_into()
-            .map(|fds| (fds, host_paths_shown, ending))
+            .map(|fds| (Made { fds, host_paths_shown, helper: ending }, next))
             .map_err(|fds: Vec<OwnedFd>| step(format!("the helper handed over {} descriptors, not 5", fds.len()))),
         Ok(Some((Reply::Failed(failure), _))) => {
             Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() })

@@ -253,8 +253,8 @@ pub fn recv_within_as<T: serde::de::DeserializeOwned>(
 /// ending, to be reaped later ([`Ending`]). Without a cgroup the run's CPU
 /// time is the helper's rusage, known only once it is reaped: then, and
 /// whenever the helper ends without that report, it is waited for here.
-pub fn run(
-    helper: &Path,
+pub(crate) fn run(
+    helper: crate::spare::HelperSource<'_>,
     plan: RunPlan,
     sandbox: SandboxFds<'_>,
     cgroup: Option<&dyn RunCgroup>,
@@ -394,7 +394,7 @@ enum Source {
 
 impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
     fn start(
-        helper: &Path,
+        helper: crate::spare::HelperSource<'_>,
         plan: RunPlan,
         sandbox: SandboxFds<'_>,
         cgroup: Option<&'a dyn RunCgroup>,
@@ -439,7 +439,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             }
         };
 
-        let (mut child, socket) = spawn_helper(helper, &[])?;
+        let (mut child, socket) = helper.start()?;
         let sent = (|| -> io::Result<OwnedFd> {
             let pid = Pid::from_raw(child.id() as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
             let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
