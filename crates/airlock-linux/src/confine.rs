@@ -58,8 +58,8 @@ pub fn make_stage(helper: &Path, host_id: HostId, mut plan: SetupPlan) -> Result
     plan.ids = host_id.mapping.clone();
     // No run of this stage has a helper to wait for: its setup helper is reaped now.
     let (made, _) = crate::setup(helper, plan, None, false)?;
-    let crate::Made { fds: [user_ns, mount_ns, root, work, tmp], host_paths_shown, helper: helper_ending } = made;
-    drop(helper_ending);
+    let crate::Made { fds: [user_ns, mount_ns, root, work, tmp], host_paths_shown, helpers } = made;
+    drop(helpers);
     let files = file_access(&host_id.mapping, helper, &user_ns)?;
     Ok(Stage { user_ns, mount_ns, root, work, tmp, host_paths_shown, files, host_id })
 }

@@ -125,10 +125,12 @@ impl LinuxBackend {
         self.state.get_or_init(|| {
             let helper = self.helper_path().ok();
             let cgroups = Hierarchy::detect(helper.as_deref());
-            // Started once the cgroup is known (finding it may move this
-            // process into a systemd scope, and a helper outside it could
-            // not place the run in its cgroup), so that its start overlaps
-            // the rest of the probe and the caller's own work.
+            // The first sandbox's setup helper, started now so that its
+            // start overlaps the rest of the probe and the caller's own work;
+            // once the cgroup is known, since finding it may move this
+            // process into a systemd scope, and every helper starts where it
+            // would without a spare. Held until the first sandbox, or until
+            // the backend goes (see `spare`).
             if let Some(helper) = &helper {
                 *self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                     spare::SpareHelper::start(helper);
@@ -164,6 +166,8 @@ impl Backend for LinuxBackend {
 
     fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError> {
         let state = self.state();
+        // Taken first, so that a sandbox refused below ends it too.
+        let spare = self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         policy.check(&state.probe.host)?;
         let degraded = state.probe.check(policy)?;
         let seccomp = state.seccomp.clone();
@@ -194,9 +198,8 @@ impl Backend for LinuxBackend {
         };
         // A sandbox that cannot be made may mean the host changed since a
         // remembered trial: the next start probes again, and names the fix.
-        let spare = self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         let (made, run_helper) = setup(&helper, plan, spare, true).inspect_err(|_| probe::forget_trial())?;
-        let Made { fds: [user_ns, mount_ns, stage, work, tmp], host_paths_shown, helper: setup_helper } = made;
+        let Made { fds: [user_ns, mount_ns, stage, work, tmp], host_paths_shown, helpers } = made;
         let files = confine::file_access(&host_id.mapping, &helper, &user_ns)?;
         for (name, content) in &runtime.tmp_seed {
             // Checked as a path below a directory, as those below /work are.
@@ -231,7 +234,7 @@ impl Backend for LinuxBackend {
             written: 0,
             files,
             details,
-            ending: std::sync::Mutex::new(vec![setup_helper]),
+            ending: std::sync::Mutex::new(helpers),
             run_helper: std::sync::Mutex::new(run_helper),
             host_id,
         }))
@@ -293,8 +296,9 @@ struct Made {
     /// The host paths its mount table shows.
     host_paths_shown: Vec<String>,
     /// The helper, still ending: once it has handed the sandbox over it only
-    /// closes what it built in, and is reaped when the sandbox goes.
-    helper: supervise::Ending,
+    /// closes what it built in, and is reaped when the sandbox goes; and a
+    /// spare refused on the way (see `spare`).
+    helpers: Vec<supervise::Ending>,
 }
 
 /// Runs the helper's setup (in `spare`, where this thread started one) and
@@ -307,7 +311,7 @@ fn setup(
     spare_for_run: bool,
 ) -> Result<(Made, Option<spare::SpareHelper>), SandboxError> {
     let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
-    let (child, ours) = spare::HelperSource { path: helper, spare }
+    let spare::Started { child, socket: ours, refused } = spare::HelperSource { path: helper, spare }
         .start()
         .map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
     let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
@@ -319,7 +323,9 @@ fn setup(
     match reply {
         Ok(Some((Reply::SetupDone { host_paths_shown }, fds))) => fds
             .try_into()
-            .map(|fds| (Made { fds, host_paths_shown, helper: ending }, next))
+            .map(|fds| {
+                (Made { fds, host_paths_shown, helpers: std::iter::once(ending).chain(refused).collect() }, next)
+            })
             .map_err(|fds: Vec<OwnedFd>| step(format!("the helper handed over {} descriptors, not 5", fds.len()))),
         Ok(Some((Reply::Failed(failure), _))) => {
             Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() })

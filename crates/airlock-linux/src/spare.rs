@@ -6,31 +6,36 @@
 //! detection (each `cpuid` traps in a VM). A cold run has two such starts on
 //! its path, one after the other: the helper that makes the sandbox, then the
 //! helper that makes the run. A spare takes that millisecond off the path:
-//! the backend starts one before it probes the host (the setup helper, once
-//! the plan is ready), and the setup starts one while the sandbox is built
-//! (the run's helper).
+//! the backend starts one while it probes the host (the setup's helper, used
+//! once the plan is ready), and the setup starts one while the sandbox is
+//! built (the run's helper).
 //!
 //! A spare is an ordinary helper, started as [`spawn_helper`] starts every
-//! helper, that has not been sent its request yet: it waits on its socket and
-//! does nothing else, so when it was started changes nothing it does. It is
-//! used only by the thread that started it, in the process that started it:
-//! the helper's `PR_SET_PDEATHSIG` (set once its request comes) fires when
-//! the *thread* that forked it ends, so a spare handed to another thread could
-//! be killed in the middle of its run when its starter exits; and a fork of
-//! the supervisor holds a copy of the socket, not a child. Any other spare is
-//! ended and a fresh helper started, as without one.
+//! helper, that has not been sent its request yet: it closes everything but
+//! its socket and waits. At its start it takes what every helper takes (the
+//! supervisor's cgroup, credentials, rlimits, seccomp state, security
+//! label), and airlock changes none of these between a spare's start and its
+//! use: the one move, into a systemd scope, comes before the first spare.
+//! It is used only by the thread that started it, in the process that
+//! started it: the helper's `PR_SET_PDEATHSIG` (set once its request comes)
+//! fires when the *thread* that forked it ends, so a spare handed to another
+//! thread could be killed in the middle of its run when its starter exits;
+//! and a fork of the supervisor holds a copy of the socket, not a child. Any
+//! other spare is refused: its socket is closed, so it exits by itself, and
+//! it is handed back to be reaped later, off the caller's path (waiting for
+//! it at once cost 0.4 ms here); a fresh helper is started in its place.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::thread::ThreadId;
 
-use crate::supervise::spawn_helper;
+use crate::supervise::{Ending, spawn_helper};
 
 /// A started helper, waiting for its request (see the module's comment).
 #[derive(Debug)]
 pub(crate) struct SpareHelper {
-    /// `None` once handed over.
+    /// `None` once handed over or refused.
     started: Option<(Child, OwnedFd)>,
     path: PathBuf,
     thread: ThreadId,
@@ -51,32 +56,35 @@ impl SpareHelper {
     }
 
     /// The helper, if this thread of this process started it from `helper`
-    /// and it is still waiting; otherwise it is ended here and `None`.
-    fn claim(mut self, helper: &Path) -> Option<(Child, OwnedFd)> {
-        let ours = self.thread == std::thread::current().id() && self.process == std::process::id();
-        if !ours || self.path != helper {
-            return None;
+    /// and it is still waiting. Otherwise `Err`, with the spare to reap
+    /// later where it is this process's child and has not been reaped.
+    fn claim(mut self, helper: &Path) -> Result<(Child, OwnedFd), Option<Ending>> {
+        let (mut child, socket) = self.started.take().ok_or(None)?;
+        if self.process != std::process::id() {
+            // A fork's copy: its socket closed, the child left to its parent.
+            return Err(None);
         }
-        let (mut child, socket) = self.started.take()?;
+        if self.thread != std::thread::current().id() || self.path != helper {
+            // Its socket closed, it exits by itself.
+            drop(socket);
+            return Err(Some(Ending(child)));
+        }
         match child.try_wait() {
-            Ok(None) => Some((child, socket)),
-            // It has exited (someone killed it): reaped, and a fresh one started.
-            _ => None,
+            Ok(None) => Ok((child, socket)),
+            // It has exited (someone killed it), and is reaped now.
+            Ok(Some(_)) => Err(None),
+            Err(_) => Err(Some(Ending(child))),
         }
     }
 }
 
 impl Drop for SpareHelper {
+    /// A spare never claimed ends with what held it (a sandbox, the backend).
     fn drop(&mut self) {
-        if let Some((mut child, socket)) = self.started.take() {
-            // Closing the socket alone would end it too (it reads end of
-            // file); the kill makes the reap wait for nothing but the kernel.
-            // A fork of the supervisor has a copy of the socket, not the
-            // child: it closes its copy and leaves the child alone.
+        if let Some((child, socket)) = self.started.take() {
             drop(socket);
             if self.process == std::process::id() {
-                let _ = child.kill();
-                let _ = child.wait();
+                drop(Ending(child));
             }
         }
     }
@@ -90,19 +98,31 @@ pub(crate) struct HelperSource<'a> {
     pub(crate) spare: Option<SpareHelper>,
 }
 
+/// A helper ready for its request.
+#[derive(Debug)]
+pub(crate) struct Started {
+    pub(crate) child: Child,
+    /// The supervisor's end of its socket.
+    pub(crate) socket: OwnedFd,
+    /// A spare refused on the way, ending: the caller reaps it later.
+    pub(crate) refused: Option<Ending>,
+}
+
 impl HelperSource<'_> {
-    /// The helper, with the supervisor's end of its socket.
-    pub(crate) fn start(self) -> std::io::Result<(Child, OwnedFd)> {
-        match self.spare.and_then(|spare| spare.claim(self.path)) {
-            Some(started) => Ok(started),
-            None => spawn_helper(self.path, &[]),
-        }
+    pub(crate) fn start(self) -> std::io::Result<Started> {
+        let refused = match self.spare.map(|spare| spare.claim(self.path)) {
+            Some(Ok((child, socket))) => return Ok(Started { child, socket, refused: None }),
+            Some(Err(refused)) => refused,
+            None => None,
+        };
+        let (child, socket) = spawn_helper(self.path, &[])?;
+        Ok(Started { child, socket, refused })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{HelperSource, SpareHelper};
+    use super::{HelperSource, SpareHelper, Started};
     use std::path::Path;
 
     /// A stand-in helper that waits on its socket, as the helper does:
@@ -114,49 +134,87 @@ mod tests {
             .is_ok_and(|stat| !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
     }
 
-    #[test]
-    fn a_spare_is_used_by_the_thread_that_started_it() {
-        let spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
-        let pid = spare.started.as_ref().map(|(child, _)| child.id()).unwrap();
-        let (mut child, socket) = HelperSource { path: Path::new(WAITER), spare: Some(spare) }.start().unwrap();
-        assert_eq!(child.id(), pid, "the spare was not the helper handed over");
-        drop(socket);
-        assert!(child.wait().unwrap().success());
+    fn pid_of(spare: &SpareHelper) -> u32 {
+        spare.started.as_ref().map(|(child, _)| child.id()).expect("a started spare")
+    }
+
+    fn end(started: Started) {
+        let Started { mut child, socket, refused } = started;
+        drop((socket, refused));
+        child.wait().unwrap();
     }
 
     #[test]
+    fn a_spare_is_used_by_the_thread_that_started_it() {
+        let spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        let pid = pid_of(&spare);
+        let started = HelperSource { path: Path::new(WAITER), spare: Some(spare) }.start().unwrap();
+        assert_eq!(started.child.id(), pid, "the spare was not the helper handed over");
+        assert!(started.refused.is_none());
+        end(started);
+    }
+
+    /// Refused: another thread, another helper binary. The spare is not
+    /// handed over, and ends by itself once its socket is closed.
+    #[test]
     fn a_spare_is_never_handed_to_another_thread_nor_for_another_helper() {
-        for other_helper in [false, true] {
-            let spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
-            let pid = spare.started.as_ref().map(|(child, _)| child.id()).unwrap();
-            let (mut child, socket) = std::thread::spawn(move || {
-                let path = if other_helper { "/usr/bin/cat" } else { WAITER };
-                HelperSource { path: Path::new(path), spare: Some(spare) }.start().unwrap()
-            })
-            .join()
-            .unwrap();
-            assert_ne!(child.id(), pid, "a spare crossed (another helper: {other_helper})");
-            // The spare was killed and reaped, not left running.
-            assert!(!alive(pid), "the spare {pid} outlived its refusal");
-            drop(socket);
-            child.wait().unwrap();
+        let take = |spare, path: &'static str| HelperSource { path: Path::new(path), spare: Some(spare) }.start();
+        let other_thread = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        let other_helper = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        let pids = [pid_of(&other_thread), pid_of(&other_helper)];
+        let from_thread = std::thread::spawn(move || take(other_thread, WAITER).unwrap()).join().unwrap();
+        // The same file by another path: the spare must be of the very path asked for.
+        let from_path = take(other_helper, "/bin/../bin/cat").unwrap();
+        for (started, pid) in [from_thread, from_path].into_iter().zip(pids) {
+            assert_ne!(started.child.id(), pid, "a spare crossed");
+            let mut refused = started.refused.expect("the refused spare, handed back to be reaped");
+            // Its socket was closed: it reads end of file and exits, unkilled.
+            while !refused.try_reap() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert!(!alive(pid));
+            end(Started { refused: None, ..started });
         }
     }
 
     #[test]
     fn a_spare_that_died_is_replaced() {
         let mut spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
-        let pid = spare.started.as_ref().map(|(child, _)| child.id()).unwrap();
+        let pid = pid_of(&spare);
         if let Some((child, _)) = spare.started.as_mut() {
             child.kill().unwrap();
-            // Dead before it is claimed.
             while alive(pid) {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-        let (mut child, socket) = HelperSource { path: Path::new(WAITER), spare: Some(spare) }.start().unwrap();
-        assert_ne!(child.id(), pid, "a dead spare was handed over");
+        let started = HelperSource { path: Path::new(WAITER), spare: Some(spare) }.start().unwrap();
+        assert_ne!(started.child.id(), pid, "a dead spare was handed over");
+        end(started);
+    }
+
+    /// A fork of the supervisor holds a copy of the spare: it neither uses
+    /// it nor kills it nor reaps it (the spare is its parent's child).
+    #[test]
+    fn a_forks_copy_of_a_spare_is_left_to_its_parent() {
+        let mut spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        let pid = pid_of(&spare);
+        let (child, socket) = spare.started.take().unwrap();
+        // The copy a fork of this process holds: the same fields, but its
+        // process id is another's, and its socket a copy (the parent keeps its own).
+        let copy = SpareHelper {
+            started: Some((child, socket.try_clone().unwrap())),
+            path: spare.path.clone(),
+            thread: spare.thread,
+            process: std::process::id().wrapping_add(1),
+        };
+        let started = HelperSource { path: Path::new(WAITER), spare: Some(copy) }.start().unwrap();
+        assert_ne!(started.child.id(), pid, "a fork used its parent's spare");
+        assert!(started.refused.is_none(), "a fork would reap its parent's child");
+        assert!(alive(pid), "a fork killed its parent's spare");
+        end(started);
+        // The parent's side: its socket closed, the spare exits and is reaped.
         drop(socket);
-        child.wait().unwrap();
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).unwrap();
     }
 }

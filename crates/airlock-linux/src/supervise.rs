@@ -261,7 +261,7 @@ pub(crate) fn run(
     watch: &Watch<'_>,
     on_proxy: &mut ProxyStart<'_>,
     gate: Option<&mut Gate<'_>>,
-) -> io::Result<(Observed, Option<Ending>)> {
+) -> io::Result<(Observed, Vec<Ending>)> {
     let mut run = Run::start(helper, plan, sandbox, cgroup, watch, on_proxy)?;
     run.gate = gate;
     let over = |run: &Run<'_, '_, '_, '_>| run.helper_done || (run.ended_at.is_some() && cgroup.is_some());
@@ -343,6 +343,8 @@ struct Run<'a, 'w, 'p, 'g> {
     /// The run's helper; `None` for a forked run, whose template is its
     /// peer (`helper_pidfd` is then the template's).
     helper: Option<Child>,
+    /// A spare helper refused for this run, ending: reaped with the helper.
+    refused: Option<Ending>,
     helper_pidfd: OwnedFd,
     /// A forked run's state.
     forked: Option<crate::forked::ForkedRun<'a>>,
@@ -439,7 +441,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             }
         };
 
-        let (mut child, socket) = helper.start()?;
+        let crate::spare::Started { mut child, socket, refused } = helper.start()?;
         let sent = (|| -> io::Result<OwnedFd> {
             let pid = Pid::from_raw(child.id() as i32).ok_or_else(|| io::Error::other("bad helper pid"))?;
             let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
@@ -479,6 +481,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             wants_proxy,
             holds,
             helper: Some(child),
+            refused,
             helper_pidfd,
             forked: None,
             preloaded: false,
@@ -558,6 +561,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             wants_proxy: false,
             holds: false,
             helper: None,
+            refused: None,
             helper_pidfd,
             forked: Some(crate::forked::ForkedRun::new(template)),
             preloaded: false,
@@ -975,7 +979,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
     /// process of the run is gone, and every writer of the pipes with it
     /// (the helper gave its copies to the code): what is left in them is
     /// all there is.
-    fn finish(mut self) -> (Observed, Option<Ending>) {
+    fn finish(mut self) -> (Observed, Vec<Ending>) {
         // Reaped here only once it has exited (see `run`). wait4 rather than
         // Child::wait: its rusage sums the helper and every descendant it
         // reaped, the CPU time of a run without a cgroup.
@@ -1016,7 +1020,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         observed.stdout = self.stdout.finish();
         observed.stderr = self.stderr.finish();
         let ending = self.helper.filter(|_| !self.helper_done).map(Ending);
-        (self.observed, ending)
+        (self.observed, ending.into_iter().chain(self.refused).collect())
     }
 }
 
