@@ -136,7 +136,7 @@ fn user_namespaces(ids: &Result<crate::hostid::Allocator, String>, helper: Optio
     if apparmor_restricts && !Path::new(APPARMOR_PROFILE).exists() {
         return Err(apparmor_fix("airlock's helper has no profile"));
     }
-    trial_user_namespace(helper, trial_cache_path().as_deref()).map_err(|why| {
+    trial_user_namespace(helper, helper.and_then(trial_cache_path).as_deref()).map_err(|why| {
         if apparmor_restricts {
             apparmor_fix(&format!(
                 "{APPARMOR_PROFILE} exists but does not let this helper make one ({why}): it is not loaded, or \
@@ -163,13 +163,23 @@ fn apparmor_fix(what: &str) -> String {
 /// Where the README installs the helper's AppArmor profile.
 const APPARMOR_PROFILE: &str = "/etc/apparmor.d/airlock-init";
 
-/// Where a trial's success is remembered (see [`trial_user_namespace`]).
-fn trial_cache_path() -> Option<PathBuf> {
-    airlock_core::paths::data_dir().ok().map(|d| d.join(TRIAL_CACHE))
+/// Where a trial's success with `helper` is remembered (see
+/// [`trial_user_namespace`]).
+fn trial_cache_path(helper: &Path) -> Option<PathBuf> {
+    airlock_core::paths::data_dir().ok().map(|d| trial_entry(&d.join(TRIAL_CACHE), helper))
 }
 
-/// The file, in airlock's data directory, that remembers a trial's success.
-pub const TRIAL_CACHE: &str = "cache/userns-trial";
+/// The entry for `helper` in the folder `trials`: one per helper path, so
+/// that two installs used in turn (the command's helper and the Python
+/// package's, say) do not each overwrite the other's and make the trial at
+/// every start.
+fn trial_entry(trials: &Path, helper: &Path) -> PathBuf {
+    let digest = airlock_core::sha256_hex(helper.as_os_str().as_encoded_bytes());
+    trials.join(&digest[..32])
+}
+
+/// The folder, in airlock's data directory, that remembers trials' successes.
+pub const TRIAL_CACHE: &str = "cache/userns-trials";
 
 /// [`try_unshare_user_namespace`], skipped when the helper made one before
 /// in the same conditions: the trial is a fork, an exec and a namespace,
@@ -199,10 +209,11 @@ fn trial_user_namespace(helper: Option<&Path>, cache: Option<&Path>) -> Result<(
     Ok(())
 }
 
-/// Forgets a remembered trial: called when a sandbox could not be set up.
+/// Forgets every remembered trial: called when a sandbox could not be set
+/// up (forgetting more than that helper's costs a trial, nothing more).
 pub fn forget_trial() {
-    if let Some(cache) = trial_cache_path() {
-        let _ = fs::remove_file(cache);
+    if let Ok(data) = airlock_core::paths::data_dir() {
+        let _ = fs::remove_dir_all(data.join(TRIAL_CACHE));
     }
 }
 
@@ -348,6 +359,16 @@ mod tests {
         let other = fake_helper(dir.path(), "other", 0);
         trial_user_namespace(Some(&other), Some(&cache)).unwrap();
         assert_eq!(trials(dir.path(), "other"), 1, "another helper's trial was taken for this one's");
+    }
+
+    #[test]
+    fn each_helper_has_an_entry_of_its_own() {
+        let trials = Path::new("/data/cache/userns-trials");
+        let command = super::trial_entry(trials, Path::new("/usr/lib/airlock/airlock-init"));
+        let package = super::trial_entry(trials, Path::new("/home/u/.local/share/airlock/helpers/airlock-init-1f2e"));
+        assert_ne!(command, package, "two helpers would overwrite each other's trial");
+        assert_eq!(command.parent(), Some(trials));
+        assert_eq!(command, super::trial_entry(trials, Path::new("/usr/lib/airlock/airlock-init")));
     }
 
     #[test]
