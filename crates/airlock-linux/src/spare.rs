@@ -138,6 +138,15 @@ mod tests {
         spare.started.as_ref().map(|(child, _)| child.id()).expect("a started spare")
     }
 
+    /// Waits for `done`, failing the test rather than hanging it.
+    fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}: still not so after 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     fn end(started: Started) {
         let Started { mut child, socket, refused } = started;
         drop((socket, refused));
@@ -169,9 +178,7 @@ mod tests {
             assert_ne!(started.child.id(), pid, "a spare crossed");
             let mut refused = started.refused.expect("the refused spare, handed back to be reaped");
             // Its socket was closed: it reads end of file and exits, unkilled.
-            while !refused.try_reap() {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            eventually("the refused spare ended by itself", || refused.try_reap());
             assert!(!alive(pid));
             end(Started { refused: None, ..started });
         }
@@ -183,9 +190,7 @@ mod tests {
         let pid = pid_of(&spare);
         if let Some((child, _)) = spare.started.as_mut() {
             child.kill().unwrap();
-            while alive(pid) {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            eventually("the killed spare died", || !alive(pid));
         }
         let started = HelperSource { path: Path::new(WAITER), spare: Some(spare) }.start().unwrap();
         assert_ne!(started.child.id(), pid, "a dead spare was handed over");
