@@ -320,13 +320,64 @@ fn a_pooled_run_finds_its_preload_arenas_in_huge_pages() {
     let pool = pool(Policy::default(), 1, &["numpy", "pandas", "matplotlib"]);
     let code = "\
 rollup = {l.split()[0]: int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.endswith(' kB\\n')}
-assert 'libairlock_fork.so' in open('/proc/self/maps').read(), 'the arena allocator\\'s library is not loaded'
+assert '/memfd:airlock-native' in open('/proc/self/maps').read(), 'the arena allocator\\'s library is not loaded'
 print(rollup['Anonymous:'] - rollup['AnonHugePages:'], rollup['AnonHugePages:'])";
     let output = pooled_ok(&run(&pool, code)).to_owned();
     let (small_kib, huge_kib) = output.split_once(' ').expect("two figures");
     let (small_kib, huge_kib): (u64, u64) = (small_kib.parse().expect("kB"), huge_kib.parse().expect("kB"));
     eprintln!("anonymous memory of a pooled run: {small_kib} kB in small pages, {huge_kib} kB in huge pages");
     assert!(small_kib < 16 * 1024, "{small_kib} kB of anonymous memory in small pages ({huge_kib} kB in huge ones)");
+}
+
+/// The native library every warm sandbox loads (a template's steps, a
+/// pooled driver's arena allocator) is one sealed memfd that the supervisor
+/// shares with all of them (airlock-linux, `native`). A run must not be
+/// able to reach it, and so another run through it: the descriptor is gone
+/// before the code's first instruction, the mapping cannot be reopened
+/// through `/proc/self/map_files`, and the program's folder, which once held
+/// a copy and was executable for it, is `noexec` in every mode.
+#[test]
+fn a_warm_run_cannot_reach_the_native_library_its_neighbours_share() {
+    for mode in [PoolMode::Pooled, PoolMode::Forked] {
+        let _alone = exclusive();
+        let pool = pool_in(mode, Policy::default(), 1, &["json"]);
+        let code = r#"
+import os, json
+found = {"noexec": bool(os.statvfs("/.airlock").f_flag & os.ST_NOEXEC),
+         "files": sorted(os.listdir("/.airlock")), "descriptors": [], "reopened": []}
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        if "airlock-native" in os.readlink("/proc/self/fd/" + fd):
+            found["descriptors"].append(fd)
+    except OSError:
+        pass
+mapped = [l.split()[0] for l in open("/proc/self/maps") if "/memfd:airlock-native" in l]
+found["mapped"] = len(mapped)
+for span in mapped:
+    for flags in (os.O_RDONLY, os.O_RDWR):
+        try:
+            os.close(os.open("/proc/self/map_files/" + span, flags))
+            found["reopened"].append(span)
+        except OSError:
+            pass
+print(json.dumps(found))
+"#;
+        let record = run(&pool, code);
+        let found: serde_json::Value = serde_json::from_str(served_ok(&record, mode)).unwrap();
+        assert_eq!(found["noexec"], true, "{mode:?}: the program's folder is executable: {found}");
+        assert!(
+            !found["files"].to_string().contains("libairlock_fork"),
+            "{mode:?}: a copy of the library in the program's folder: {found}"
+        );
+        assert_eq!(found["descriptors"], serde_json::json!([]), "{mode:?}: the library's descriptor is open: {found}");
+        assert_eq!(found["reopened"], serde_json::json!([]), "{mode:?}: the shared library was reopened: {found}");
+        // Forked runs always load it; a pooled run where huge pages make
+        // its allocator worth having (as the supervisor reads the setting).
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        if mode == PoolMode::Forked || thp.contains("[always]") || thp.contains("[madvise]") {
+            assert!(found["mapped"].as_u64().unwrap_or(0) > 0, "{mode:?}: the library is not mapped: {found}");
+        }
+    }
 }
 
 /// The warm driver unmapped the preload's libraries' pages before the run

@@ -71,9 +71,10 @@ def _run():
     _register_display(state)
 
     if warm:
+        native = _take_native()
         huge = sys.argv[10:11] == ["huge"]
-        if huge:
-            _align_arenas()
+        if huge and native is not None:
+            _align_arenas(native)
         for module in sys.argv[11:]:
             __import__(module)
         if huge:
@@ -82,7 +83,7 @@ def _run():
             # Returns only in a fork, its sandbox made, for its own run.
             namespace = {"__name__": "airlock_driver_template", "__file__": _DRIVER_DIR + "/driver_template.py"}
             exec(_code_of(namespace["__file__"]), namespace)
-            namespace["serve"]()
+            namespace["serve"](native)
         else:
             # (A template's forks start without these mappings' page table
             # entries anyway.)
@@ -323,7 +324,36 @@ _MADV_COLLAPSE = 25
 _MADV_DONTNEED = 4
 
 
-def _align_arenas():
+# Where the supervisor puts the native library (libairlock_fork.so,
+# crates/airlock-fork) for a warm driver that loads it: a sealed memfd at
+# the one descriptor past the standard streams (airlock-linux, `native`).
+_NATIVE_FD = 3
+
+
+def _take_native():
+    """Loads the native library from its descriptor, if this run was handed
+    it, and closes the descriptor, so that the user's code starts with its
+    three streams only. Returns the library, or None (no library, or one
+    that would not load: the caller decides whether that is fatal)."""
+    import os
+
+    try:
+        name = os.readlink("/proc/self/fd/%d" % _NATIVE_FD)
+    except OSError:
+        return None
+    try:
+        if not name.startswith("/memfd:airlock-native"):
+            return None
+        import ctypes
+
+        return ctypes.CDLL("/proc/self/fd/%d" % _NATIVE_FD)
+    except OSError:
+        return None
+    finally:
+        os.close(_NATIVE_FD)
+
+
+def _align_arenas(native):
     """Has CPython take its object arenas from chunks aligned to huge pages.
 
     CPython keeps small objects in 1 MiB arenas, each its own mapping, and
@@ -331,21 +361,13 @@ def _align_arenas():
     20 MB of the preload's memory in pieces that no huge page can map, so
     the run's exit frees them page by page (about 5,000 pages; `print(1+1)`
     and its exit 4.92 against 3.02 ms, bench/interpreter_exit.py). The native
-    library beside this file (libairlock_fork.so, crates/airlock-fork,
-    `arena`) installs an arena allocator whose arenas lie side by side in
-    aligned chunks, which _collapse_into_huge_pages then reaches. It changes
-    where arenas are, not what CPython does with them; it stays for the run
-    (the code's new arenas come from it too). An optimisation only: without
-    the library, or if it fails, the arenas are CPython's own."""
-    import os
-
-    native = _DRIVER_DIR + "/libairlock_fork.so"
-    if sys.platform != "linux" or not os.path.exists(native):
-        return
+    library (`arena`) installs an arena allocator whose arenas lie side by
+    side in aligned chunks, which _collapse_into_huge_pages then reaches. It
+    changes where arenas are, not what CPython does with them; it stays for
+    the run (the code's new arenas come from it too). An optimisation only:
+    if it fails, the arenas are CPython's own."""
     try:
-        import ctypes
-
-        ctypes.CDLL(native).airlock_fork_align_arenas()
+        native.airlock_fork_align_arenas()
     except Exception:
         pass
 

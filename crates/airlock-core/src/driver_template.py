@@ -9,8 +9,9 @@
 #
 # The template runs no user code and holds no run's data: a request carries
 # descriptors only, and the code reaches the fork alone, after the fork. The
-# security steps are the native library's (libairlock_fork.so, beside this
-# file), called with integers only; the forks are os.fork, so CPython's
+# security steps are the native library's (libairlock_fork.so, which the
+# supervisor hands the template as a sealed memfd and driver.py loads),
+# called with integers only; the forks are os.fork, so CPython's
 # at-fork hooks run. Descriptors are kept as plain numbers (never in socket or
 # selector objects), so that no object of the template's closes a number a
 # fork has reused for something else.
@@ -28,8 +29,6 @@ import socket
 import sys
 import time
 
-_HERE = __file__.rpartition("/")[0]
-_NATIVE = _HERE + "/libairlock_fork.so"
 _CONTROL = 0
 _MAX_FD = 0x7FFFFFFF
 # How long a new fork's init has to say it is confined.
@@ -40,8 +39,9 @@ _FORK_FDS = 8
 _SETUP_FAILED = 125
 
 
-def serve():
-    lib = ctypes.CDLL(_NATIVE)
+def serve(lib):
+    if lib is None:
+        raise SystemExit("airlock: the template was not handed its native library, or it would not load")
     for name, arity in (
         ("airlock_fork_unshare_pid", 0),
         ("airlock_fork_join_pid_namespace", 1),

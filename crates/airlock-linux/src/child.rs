@@ -127,11 +127,13 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
 }
 
 /// The descriptors a run's request brings: the sandbox's namespaces, the
-/// code's three streams, the run's cgroup.
+/// code's three streams, the native library's memfd if the plan says so, the
+/// run's cgroup.
 struct RunFds {
     user_ns: OwnedFd,
     mount_ns: OwnedFd,
     stdio: [OwnedFd; 3],
+    native: Option<OwnedFd>,
     cgroup: Vec<OwnedFd>,
 }
 
@@ -140,6 +142,7 @@ impl RunFds {
         let mut fds = fds.into_iter();
         let mut next = || fds.next().ok_or_else(|| Failure::plain("read the request", "a descriptor is missing"));
         let (user_ns, mount_ns, stdin, stdout, stderr) = (next()?, next()?, next()?, next()?, next()?);
+        let native = if plan.native_library { Some(next()?) } else { None };
         let cgroup: Vec<OwnedFd> = fds.collect();
         if cgroup.len() != plan.cgroup_fds || (plan.cgroup == CgroupEntry::CloneInto && cgroup.len() != 1) {
             return Err(Failure::plain(
@@ -147,7 +150,7 @@ impl RunFds {
                 format!("expected {} cgroup descriptors, received {}", plan.cgroup_fds, cgroup.len()),
             ));
         }
-        Ok(RunFds { user_ns, mount_ns, stdio: [stdin, stdout, stderr], cgroup })
+        Ok(RunFds { user_ns, mount_ns, stdio: [stdin, stdout, stderr], native, cgroup })
     }
 
     /// The cgroup directory the helper makes the run's processes in (v2).
@@ -297,7 +300,7 @@ fn sandbox_init(
             .into_iter()
             .filter_map(|(wanted, name)| wanted.then_some(name))
             .collect();
-    let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos, plan.executable_program)?;
+    let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos)?;
     mounts::pivot_into_stage()?;
 
     let namespaces = JOINED_NAMESPACES.iter().map(|(kind, _)| userns::open_own(kind)).collect::<Result<Vec<_>, _>>()?;
@@ -380,5 +383,5 @@ fn code_process(
     if let Some(landlock) = plan.landlock.as_ref().filter(|_| !plan.template) {
         process::report_setup(setup, &CodeSetup::Landlock(landlock::restrict(landlock)?));
     }
-    Err(process::exec_code(exec, &fds.stdio, setup, &plan.seccomp))
+    Err(process::exec_code(exec, &fds.stdio, fds.native.as_ref().map(AsFd::as_fd), setup, &plan.seccomp))
 }

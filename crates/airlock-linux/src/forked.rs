@@ -39,13 +39,6 @@ use crate::supervise::{Gate, Watch};
 use crate::warm::{WarmRun, WarmSandbox};
 use crate::{copy, limits, process};
 
-/// The environment variable naming the native library (the forks' steps,
-/// and the arena allocator of every warm driver), for installs where it is
-/// not beside the helper.
-pub const NATIVE_ENV: &str = "AIRLOCK_FORK_LIB";
-/// The native library's file name (built from crates/airlock-fork).
-pub const NATIVE_NAME: &str = "libairlock_fork.so";
-
 /// How long a template may take to import its preload.
 const TEMPLATE_READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// The template's own clocks: it lives until the pool lets it go (its idle
@@ -54,25 +47,6 @@ pub(crate) const TEMPLATE_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24
 
 /// The namespaces a fork's code process must not share with its template.
 const OWN_NAMESPACES: [&str; 7] = ["mnt", "net", "ipc", "uts", "cgroup", "user", "pid"];
-
-/// Where the native library is: the backend's own, else
-/// [`NATIVE_ENV`], else beside `helper`.
-pub fn native_library(helper: &std::path::Path, given: Option<&std::path::Path>) -> Result<PathBuf, SandboxError> {
-    if let Some(path) = given {
-        return Ok(path.to_owned());
-    }
-    if let Some(path) = std::env::var_os(NATIVE_ENV).filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
-    }
-    helper.parent().map(|dir| dir.join(NATIVE_NAME)).filter(|p| p.is_file()).ok_or_else(|| SandboxError::Missing {
-        what: format!("the forked mode's native library `{NATIVE_NAME}`"),
-        hint: format!(
-            "build it (cargo build -p airlock-fork) and install it beside {}, or set {NATIVE_ENV} to its path; \
-             or use the pool's pooled mode",
-            helper.display()
-        ),
-    })
-}
 
 /// A running template, as the supervisor reaches it.
 #[derive(Debug)]
@@ -154,9 +128,8 @@ impl LinuxTemplate {
                 "a fork must put every layer of the policy in force; a degraded policy runs pooled or cold",
             ));
         }
-        let native = native_library(&instance.helper, instance.fork_library.as_deref())?;
-        let native = std::fs::read(&native)
-            .map_err(|e| SandboxError::io(format!("reading the native library {}", native.display()), e))?;
+        // Loaded (or refused, naming where to put it) before the template starts.
+        instance.native.memfd(&instance.helper)?;
         let (ours, theirs) = rustix::net::socketpair(
             rustix::net::AddressFamily::UNIX,
             rustix::net::SocketType::SEQPACKET,
@@ -173,7 +146,7 @@ impl LinuxTemplate {
             std::thread::Builder::new()
                 .name("airlock-template".to_owned())
                 .spawn(move || {
-                    let outcome = instance.run_template(&preload, theirs, native, &kill, &usage_tx);
+                    let outcome = instance.run_template(&preload, theirs, &kill, &usage_tx);
                     ended.store(true, Ordering::SeqCst);
                     let _ = usage_tx.send(Err(outcome));
                 })
@@ -361,7 +334,6 @@ impl LinuxInstance {
         &self,
         preload: &[String],
         control: OwnedFd,
-        native: Vec<u8>,
         kill: &KillSwitch,
         usage_tx: &std::sync::mpsc::Sender<TemplateStarting>,
     ) -> Result<Execution, SandboxError> {
@@ -369,7 +341,7 @@ impl LinuxInstance {
         let cgroup_made = |usage: Option<PathBuf>| {
             let _ = usage_tx.send(Ok(usage));
         };
-        self.run_as(&job, kill, Mode::Template { preload, control, native, cgroup_made: &cgroup_made })
+        self.run_as(&job, kill, Mode::Template { preload, control, cgroup_made: &cgroup_made })
     }
 
     /// A fork of the template `conn`, as a warm run whose claim waits in `gate`.

@@ -20,8 +20,8 @@ use crate::{copy, limits};
 /// A sandbox made by [`crate::LinuxBackend`].
 pub struct LinuxInstance {
     pub(crate) helper: PathBuf,
-    /// The native library (forked mode, arena allocator), if the backend was given one.
-    pub(crate) fork_library: Option<PathBuf>,
+    /// The backend's native library (forked mode, arena allocator).
+    pub(crate) native: Arc<crate::native::NativeLibrary>,
     pub(crate) policy: Policy,
     pub(crate) runtime: Runtime,
     pub(crate) user_ns: OwnedFd,
@@ -110,9 +110,9 @@ pub(crate) enum Mode<'a, 'g> {
     Warm(Warm<'a, 'g>),
     /// A forked pool's template (see `forked`): its driver imports the
     /// preload and serves forks on `control`, its standard input, with the
-    /// native library `native` beside it. `cgroup_made` is told where its
-    /// cgroup keeps its memory; the run lasts until `kill`.
-    Template { preload: &'a [String], control: OwnedFd, native: Vec<u8>, cgroup_made: &'a dyn Fn(Option<PathBuf>) },
+    /// backend's native library. `cgroup_made` is told where its cgroup
+    /// keeps its memory; the run lasts until `kill`.
+    Template { preload: &'a [String], control: OwnedFd, cgroup_made: &'a dyn Fn(Option<PathBuf>) },
 }
 
 /// A warm run: its driver imports `preload`, then the run waits in `gate`
@@ -195,25 +195,17 @@ impl LinuxInstance {
             Mode::Cold => driver::Start::Announced,
         };
         let template = matches!(mode, Mode::Template { .. });
-        let mut program = driver::program_with(job, &self.runtime, &caps, start);
-        match &mode {
-            Mode::Template { native, .. } => {
-                program.files.push(driver::ProgramFile { name: crate::forked::NATIVE_NAME, content: native.clone() });
-            }
-            // A pooled sandbox's driver loads the native library for its
-            // arena allocator alone (driver.py, `_align_arenas`), which only
-            // huge pages make worth having. An optimisation, not a layer: a
-            // sandbox whose library cannot be found or read starts without it.
-            Mode::Warm(_) if huge_pages => {
-                let native = crate::forked::native_library(&self.helper, self.fork_library.as_deref())
-                    .ok()
-                    .and_then(|path| std::fs::read(path).ok());
-                if let Some(content) = native {
-                    program.files.push(driver::ProgramFile { name: crate::forked::NATIVE_NAME, content });
-                }
-            }
-            Mode::Warm(_) | Mode::Cold => {}
-        }
+        let program = driver::program_with(job, &self.runtime, &caps, start);
+        // The native library, for the drivers that load it (see `native`): a
+        // template, which needs it; a pooled sandbox, for its arena allocator
+        // alone, which only huge pages make worth having. An optimisation
+        // there, not a layer: a sandbox whose library cannot be had starts
+        // without it.
+        let native = match &mode {
+            Mode::Template { .. } => Some(self.native.memfd(&self.helper)?),
+            Mode::Warm(_) if huge_pages => self.native.memfd(&self.helper).ok(),
+            Mode::Warm(_) | Mode::Cold => None,
+        };
         let network = self.policy.network.is_enabled();
         let mut env = self.runtime.environment(&self.policy);
         if network {
@@ -267,7 +259,8 @@ impl LinuxInstance {
                 .then(|| self.landlock_plan(fifos)),
             seccomp: if template { crate::seccomp::template_program() } else { self.seccomp.as_ref().clone() },
             template,
-            executable_program: program.files.iter().any(|file| file.name == crate::forked::NATIVE_NAME),
+            // Set by `supervise::run` from the descriptors it is handed.
+            native_library: false,
         };
 
         let mut cgroup: Option<Box<dyn RunCgroup>> = match &self.cgroups {
@@ -320,7 +313,7 @@ impl LinuxInstance {
         let (observed, ending) = supervise::run(
             crate::spare::HelperSource { path: &self.helper, spare },
             plan,
-            SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd(), stdin },
+            SandboxFds { user_ns: self.user_ns.as_fd(), mount_ns: self.mount_ns.as_fd(), stdin, native },
             cgroup.as_deref(),
             &watch,
             &mut start_proxy,

@@ -22,7 +22,8 @@
 //! `userns`, `mounts`, `network`, `cgroup` (v1 and v2 behind one trait),
 //! `limits`, `caps`, `landlock`, `seccomp` (policy as data, compiled here),
 //! `copy` (copy-in and copy-out), `process`, `supervise` (the run loop),
-//! `protocol` (the messages between the two halves).
+//! `protocol` (the messages between the two halves), `native` (the library
+//! warm drivers load, one sealed memfd shared by every sandbox).
 
 mod caps;
 mod cgroup;
@@ -37,6 +38,7 @@ mod instance;
 mod landlock;
 mod limits;
 mod mounts;
+mod native;
 mod network;
 mod observe;
 mod probe;
@@ -58,8 +60,8 @@ use airlock_core::{Backend, Instance, Probe, Runtime, SandboxError};
 use airlock_policy::{BackendKind, Layer, Policy, SandboxPath};
 
 pub use cgroup::{DELEGATED_CGROUP_ENV, HOLD_ARG, Hierarchy, hold};
-pub use forked::{NATIVE_ENV as FORK_LIB_ENV, NATIVE_NAME as FORK_LIB_NAME};
 pub use instance::LinuxInstance;
+pub use native::{NATIVE_ENV as FORK_LIB_ENV, NATIVE_NAME as FORK_LIB_NAME};
 pub use network::PROXY_ADDR;
 pub use probe::{PROBE_USERNS_ARG, TRIAL_CACHE as PROBE_TRIAL_CACHE, try_user_namespace};
 
@@ -84,8 +86,8 @@ pub const HELPER_NAME: &str = "airlock-init";
 pub struct LinuxBackend {
     helper: Option<PathBuf>,
     /// The native library (the forked mode's, and every warm driver's arena
-    /// allocator), where it is not beside the helper.
-    fork_library: Option<PathBuf>,
+    /// allocator): read once, shared by every sandbox (see `native`).
+    native: Arc<native::NativeLibrary>,
     state: OnceLock<HostState>,
     /// A helper started while the host is probed, for the first sandbox's
     /// setup (see `spare`).
@@ -117,7 +119,7 @@ impl LinuxBackend {
     /// native library at `path` (see [`FORK_LIB_NAME`]) rather than the one
     /// beside the helper.
     pub fn with_fork_library(mut self, path: impl Into<PathBuf>) -> LinuxBackend {
-        self.fork_library = Some(path.into());
+        self.native = Arc::new(native::NativeLibrary::new(Some(path.into())));
         self
     }
 
@@ -219,7 +221,7 @@ impl Backend for LinuxBackend {
             );
         }
         Ok(Box::new(LinuxInstance {
-            fork_library: self.fork_library.clone(),
+            native: self.native.clone(),
             helper,
             policy: policy.clone(),
             runtime: runtime.clone(),

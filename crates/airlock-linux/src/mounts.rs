@@ -551,19 +551,12 @@ const WRITABLE: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 /// Child side, for each run: a fresh /proc for the run's PID namespace with
 /// the host's kernel internals masked, and the program at /.airlock. Returns
 /// the FIFOs named in `fifos`, in that order, each opened for the supervisor.
-/// `executable`: the program's folder holds a library to load (a forked
-/// pool's template's, whose forks make it not executable again; a pooled
-/// sandbox's arena allocator).
-pub fn build_run_root(
-    program_files: &[(String, Vec<u8>)],
-    fifos: &[&str],
-    executable: bool,
-) -> Result<Vec<OwnedFd>, Failure> {
+pub fn build_run_root(program_files: &[(String, Vec<u8>)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     bind_stage_onto_itself()?;
     mount_proc(&stage_path("/proc"), bind)?;
-    write_program(program_files, fifos, executable)
+    write_program(program_files, fifos)
 }
 
 /// Mounts a fresh /proc of this process's PID namespace at `proc_dir`, with
@@ -619,12 +612,9 @@ pub fn build_fork_root(bytes: u64, inodes: u64) -> Result<(), Failure> {
     for (source, target) in [("/work/tmp", "/tmp"), ("/work/work", "/work")] {
         rustix::mount::mount_bind(source, target).map_err(|e| Failure::new(step, target, &e.into()))?;
     }
-    mount_proc(Path::new("/proc"), bind_by_mount)?;
-    remount_adding(
-        Path::new(PROGRAM_DIR),
-        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-    )
-    .map_err(|e| Failure::new("make the program's folder not executable", PROGRAM_DIR, &e.into()))
+    // The template's program folder, read-only and `noexec` as every
+    // run's, is the fork's as it is.
+    mount_proc(Path::new("/proc"), bind_by_mount)
 }
 
 /// [`bind`] through mount(2): a bind, then its flags by a remount (of the
@@ -677,13 +667,14 @@ fn remount_adding(target: &Path, flags: MountFlags) -> rustix::io::Result<()> {
 /// Mounts a small tmpfs at /.airlock holding the program, then makes it
 /// read-only. Kept apart from the stage so a full /work cannot stop the next
 /// run from starting.
-fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str], executable: bool) -> Result<Vec<OwnedFd>, Failure> {
+fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str]) -> Result<Vec<OwnedFd>, Failure> {
     let step = "write the program";
-    let noexec = if executable { MountFlags::empty() } else { MountFlags::NOEXEC };
     let dir = stage_path(PROGRAM_DIR);
     let bytes: usize = files.iter().map(|(_, c)| c.len().div_ceil(4096) * 4096).sum::<usize>() + 64 * 1024;
     let options = format!("size={bytes},nr_inodes=16,mode=0755");
-    mount_fs("tmpfs", &dir, MountFlags::NOSUID | MountFlags::NODEV | noexec, &options)
+    // Nothing here is executed: the driver is read, and the native library
+    // a driver loads comes in a memfd (see `native`).
+    mount_fs("tmpfs", &dir, MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, &options)
         .map_err(|e| Failure::new(step, "mount", &e.into()))?;
     for (name, content) in files {
         if name.contains('/') || name.starts_with('.') {
@@ -706,8 +697,12 @@ fn write_program(files: &[(String, Vec<u8>)], fifos: &[&str], executable: bool) 
             .map_err(|e| Failure::new(step, format!("open the {name} FIFO"), &e.into()))?;
         opened.push(fd);
     }
-    mount_remount(&dir, MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | noexec, options.as_str())
-        .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
+    mount_remount(
+        &dir,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        options.as_str(),
+    )
+    .map_err(|e| Failure::new(step, "make read-only", &e.into()))?;
     Ok(opened)
 }
 

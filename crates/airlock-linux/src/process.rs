@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::process::{Signal, set_parent_process_death_signal};
 
 use crate::landlock::Enforced;
+use crate::native::NATIVE_FD;
 use crate::protocol::{CodeSetup, Failure};
 use crate::seccomp::Instruction;
 use crate::sys;
@@ -141,9 +142,16 @@ pub fn layers_in_force(landlock: Option<Enforced>) -> Vec<airlock_policy::Layer>
 }
 
 /// In the code's process, last: a session of its own with no terminal,
-/// `stdio` as 0, 1, 2 and nothing else but the setup pipe (closed on exec),
-/// the working directory, the seccomp filter, exec. Returns only on failure.
-pub fn exec_code(exec: &Exec, stdio: &[OwnedFd; 3], setup: BorrowedFd<'_>, seccomp: &[Instruction]) -> Failure {
+/// `stdio` as 0, 1, 2, `native` (the native library's memfd, see `native`)
+/// as 3 if given, and nothing else but the setup pipe (closed on exec), the
+/// working directory, the seccomp filter, exec. Returns only on failure.
+pub fn exec_code(
+    exec: &Exec,
+    stdio: &[OwnedFd; 3],
+    native: Option<BorrowedFd<'_>>,
+    setup: BorrowedFd<'_>,
+    seccomp: &[Instruction],
+) -> Failure {
     let fail = |detail: String, e: &dyn std::fmt::Display| Failure::plain(EXEC_STEP, format!("{detail}: {e}"));
     if let Err(e) = rustix::process::setsid() {
         return fail("setsid".to_owned(), &e);
@@ -155,11 +163,18 @@ pub fn exec_code(exec: &Exec, stdio: &[OwnedFd; 3], setup: BorrowedFd<'_>, secco
     if let Err(e) = dups {
         return fail("standard streams".to_owned(), &e);
     }
-    // Everything but 0, 1, 2 and the close-on-exec setup pipe goes: the
-    // code starts with exactly its three streams. (This process never
-    // returns into the frames that own the descriptors closed here: it
-    // executes the program or exits.)
-    if let Err(e) = sys::close_from_except(3, setup.as_raw_fd()) {
+    let mut first_closed = NATIVE_FD;
+    if let Some(native) = native {
+        if let Err(detail) = place_native(native, setup) {
+            return fail("the native library's descriptor".to_owned(), &detail);
+        }
+        first_closed = NATIVE_FD + 1;
+    }
+    // Everything else goes: the code starts with exactly its three streams
+    // (and its driver closes the native library's before any user code).
+    // This process never returns into the frames that own the descriptors
+    // closed here: it executes the program or exits.
+    if let Err(e) = sys::close_from_except(first_closed, setup.as_raw_fd()) {
         return fail("close descriptors".to_owned(), &e);
     }
     if let Err(e) = rustix::process::chdir(exec.cwd.as_c_str()) {
@@ -170,4 +185,28 @@ pub fn exec_code(exec: &Exec, stdio: &[OwnedFd; 3], setup: BorrowedFd<'_>, secco
     }
     let error = sys::execve(&exec.argv[0], &exec.argv, &exec.env);
     Failure::new(EXEC_STEP, "", &error)
+}
+
+/// Puts `native` at [`NATIVE_FD`], open across the exec. The setup pipe
+/// must not be there: its failure reports would then go nowhere. (It never
+/// is: the helper holds the sandbox's namespaces, received first, at the
+/// lowest numbers past its streams while it makes the pipe.)
+fn place_native(native: BorrowedFd<'_>, setup: BorrowedFd<'_>) -> Result<(), String> {
+    if setup.as_raw_fd() == NATIVE_FD {
+        return Err(format!("the setup pipe is at descriptor {NATIVE_FD}, which the library takes"));
+    }
+    if native.as_raw_fd() != NATIVE_FD {
+        // SAFETY: replaces whatever descriptor is at NATIVE_FD (not the
+        // setup pipe, checked above). This process only executes the
+        // program or exits from here, so no object that owned the number
+        // is used again.
+        if unsafe { libc::dup2(native.as_raw_fd(), NATIVE_FD) } < 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+    }
+    // A copy made by dup2 stays open across exec; one already at the number
+    // keeps its close-on-exec, cleared here.
+    // SAFETY: NATIVE_FD is open (the library, placed above) until exec.
+    let placed = unsafe { BorrowedFd::borrow_raw(NATIVE_FD) };
+    rustix::io::fcntl_setfd(placed, rustix::io::FdFlags::empty()).map_err(|e| e.to_string())
 }

@@ -151,12 +151,12 @@ pub struct RunPlan {
     /// survives the exec) and enters no Landlock domain; its forks do both.
     #[serde(default)]
     pub template: bool,
-    /// The program's folder is mounted without `noexec`: it holds the
-    /// native library the driver loads (a template's, or a pooled
-    /// sandbox's arena allocator). The code gains nothing by it: its /work
-    /// and /tmp are executable, and the library is readable anyway.
+    /// The request brings the native library's sealed memfd after the
+    /// code's streams, for the code's process at `native::NATIVE_FD`, where
+    /// its driver loads it (a template's steps, a pooled sandbox's arena
+    /// allocator) and closes it before any user code.
     #[serde(default)]
-    pub executable_program: bool,
+    pub native_library: bool,
 }
 
 /// A fork's plan (the forked mode, see `fork`): what the template's fork
@@ -441,7 +441,7 @@ mod tests {
             landlock: None,
             seccomp: program.clone(),
             template: false,
-            executable_program: false,
+            native_library: false,
         };
         let json = serde_json::to_string(&plan).unwrap();
         let back: RunPlan = serde_json::from_str(&json).unwrap();

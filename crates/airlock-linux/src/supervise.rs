@@ -195,6 +195,9 @@ pub struct SandboxFds<'a> {
     /// The code's standard input, when it is not the caller's bytes: a
     /// template's control socket (closed here once the helper has it).
     pub stdin: Option<OwnedFd>,
+    /// The native library's sealed memfd, for a driver that loads it (see
+    /// `native`): the code's process has it at `native::NATIVE_FD`.
+    pub native: Option<BorrowedFd<'a>>,
 }
 
 /// Called once the sandbox is ready, with the proxy's listening socket when
@@ -414,6 +417,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             Some(Placement::EnterTasks(tasks)) => (CgroupEntry::EnterTasks, tasks.len()),
             Some(Placement::CloneInto(_)) => (CgroupEntry::CloneInto, 1),
         };
+        plan.native_library = sandbox.native.is_some();
         let request = Request::Run(Box::new(plan));
 
         // Only our ends are non-blocking: the code writes to a blocking pipe,
@@ -449,6 +453,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             // every process, every byte, is counted.
             let mut fds =
                 vec![sandbox.user_ns, sandbox.mount_ns, stdin_read.as_fd(), stdout_write.as_fd(), stderr_write.as_fd()];
+            fds.extend(sandbox.native);
             match &placement {
                 Some(Placement::EnterTasks(tasks)) => fds.extend(tasks.iter().map(AsFd::as_fd)),
                 Some(Placement::CloneInto(dir)) => fds.push(dir.as_fd()),
