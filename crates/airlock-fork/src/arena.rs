@@ -21,13 +21,21 @@
 //! allocator it replaced, and so does the freeing of every arena that
 //! allocator made. Chunks are never unmapped, so an address within one is
 //! always this allocator's.
-//! CPython calls both functions with its interpreter lock held; the mutex
-//! only keeps that an assumption this file does not rely on.
+//!
+//! CPython calls both functions with its interpreter lock held; the lock
+//! here keeps that an assumption this file does not rely on. A fork taken
+//! while another thread held it would leave the child's lock held by no
+//! one, its first arena waiting forever (per-interpreter locks, 3.12's
+//! subinterpreters and the free-threaded build, allow that): so the lock is
+//! taken across every fork by at-fork handlers, and released on both sides.
 
+use std::cell::UnsafeCell;
 use std::ffi::c_void;
+use std::ops::{Deref, DerefMut};
 use std::os::raw::c_int;
 use std::ptr::{NonNull, null_mut};
-use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::mm::{Advice, MapFlags, ProtFlags, madvise, mmap_anonymous, munmap};
 
@@ -91,7 +99,75 @@ struct Arenas {
 // integers.
 unsafe impl Send for Arenas {}
 
-static ARENAS: Mutex<Option<Arenas>> = Mutex::new(None);
+static ARENAS: ArenaLock = ArenaLock { held: AtomicBool::new(false), arenas: UnsafeCell::new(None) };
+
+/// The allocator's state behind a lock of one atomic, which a fork's
+/// handlers can take in the parent and release in the child with nothing
+/// but an atomic store (a std mutex offers no release without its guard,
+/// and the child is not the thread that took it). It is held for a few
+/// integer operations, never across a call out, and under CPython's
+/// interpreter lock is never contended, so it yields rather than sleeps.
+struct ArenaLock {
+    held: AtomicBool,
+    arenas: UnsafeCell<Option<Arenas>>,
+}
+
+// SAFETY: `arenas` is reached only through a guard, which exists only
+// while `held` is set by it.
+unsafe impl Sync for ArenaLock {}
+
+impl ArenaLock {
+    fn lock(&self) -> ArenaGuard<'_> {
+        while self.held.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::yield_now();
+        }
+        ArenaGuard(self)
+    }
+
+    fn release(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+}
+
+struct ArenaGuard<'a>(&'a ArenaLock);
+
+impl Deref for ArenaGuard<'_> {
+    type Target = Option<Arenas>;
+    fn deref(&self) -> &Option<Arenas> {
+        // SAFETY: this guard holds the lock.
+        unsafe { &*self.0.arenas.get() }
+    }
+}
+
+impl DerefMut for ArenaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Option<Arenas> {
+        // SAFETY: this guard holds the lock, and is borrowed mutably.
+        unsafe { &mut *self.0.arenas.get() }
+    }
+}
+
+impl Drop for ArenaGuard<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// At-fork handlers: the forking thread takes the lock before the fork (so
+/// no other thread is inside the allocator while the process is copied),
+/// and each side releases it after. Registered once; never unregistered,
+/// since the library is never unloaded. Returns 0 or the errno (the
+/// first call's, every time).
+fn hold_the_lock_across_forks() -> c_int {
+    extern "C" fn before_fork() {
+        std::mem::forget(ARENAS.lock());
+    }
+    extern "C" fn after_fork() {
+        ARENAS.release();
+    }
+    static REGISTERED: OnceLock<c_int> = OnceLock::new();
+    // SAFETY: registers two functions of this library, which stays loaded.
+    *REGISTERED.get_or_init(|| unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) })
+}
 
 /// Installs this allocator as CPython's arena allocator. Returns 0 once it
 /// is in force; EEXIST if it already is; ENOSYS where the process has no
@@ -99,9 +175,7 @@ static ARENAS: Mutex<Option<Arenas>> = Mutex::new(None);
 pub fn install() -> c_int {
     const EEXIST: c_int = 17;
     const ENOSYS: c_int = 38;
-    let Ok(mut arenas) = ARENAS.lock() else {
-        return EEXIST;
-    };
+    let mut arenas = ARENAS.lock();
     if arenas.is_some() {
         return EEXIST;
     }
@@ -123,6 +197,11 @@ pub fn install() -> c_int {
     let (Some(alloc), Some(free)) = (current.alloc, current.free) else {
         return ENOSYS;
     };
+    // Before it is in force: a fork's child must find the lock free.
+    let registered = hold_the_lock_across_forks();
+    if registered != 0 {
+        return registered;
+    }
     *arenas = Some(Arenas {
         replaced: Replaced { ctx: current.ctx, alloc, free },
         arena_size: 0,
@@ -149,9 +228,7 @@ fn python_function(name: &std::ffi::CStr) -> Option<NonNull<c_void>> {
 }
 
 unsafe extern "C" fn alloc_arena(_ctx: *mut c_void, size: usize) -> *mut c_void {
-    let Ok(mut guard) = ARENAS.lock() else {
-        return null_mut();
-    };
+    let mut guard = ARENAS.lock();
     let Some(arenas) = guard.as_mut() else {
         return null_mut();
     };
@@ -165,9 +242,7 @@ unsafe extern "C" fn alloc_arena(_ctx: *mut c_void, size: usize) -> *mut c_void 
 }
 
 unsafe extern "C" fn free_arena(_ctx: *mut c_void, ptr: *mut c_void, size: usize) {
-    let Ok(mut guard) = ARENAS.lock() else {
-        return;
-    };
+    let mut guard = ARENAS.lock();
     let Some(arenas) = guard.as_mut() else {
         return;
     };
@@ -262,4 +337,46 @@ impl Arenas {
 
 fn page_size() -> usize {
     rustix::param::page_size()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another thread holds the allocator's lock when this one forks: the
+    /// fork waits for it, and the child finds the lock free (without the
+    /// handlers the child's lock stays held by a thread it does not have,
+    /// and its first arena would wait forever: here, until its alarm).
+    #[test]
+    fn a_fork_while_another_thread_holds_the_lock_leaves_the_child_a_free_lock() {
+        assert_eq!(hold_the_lock_across_forks(), 0);
+        let (held, holding) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let guard = ARENAS.lock();
+            held.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(guard);
+        });
+        holding.recv().unwrap();
+        // SAFETY: the child uses atomics, alarm and _exit only, all
+        // async-signal-safe, so forking this multi-threaded test is sound.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { libc::alarm(5) };
+            drop(ARENAS.lock());
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waits for the child just forked, writing into `status`.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        holder.join().unwrap();
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child could not take the lock (status {status:#x}: killed by its alarm if {})",
+            libc::SIGALRM
+        );
+    }
 }
