@@ -360,9 +360,9 @@ def memory(args):
 
 def server_memory(size, mode):
     """The same pool's gauges from `airlock serve`'s /metrics, once filled
-    and settled. The server's sandboxes carry the files beside its binary
-    (the workspace's `libairlock_fork.so`), the package's carry its own
-    embedded copies, so the two doors can differ where those files do."""
+    and settled. The server's backend loads the native library beside its
+    binary (the workspace's `libairlock_fork.so`), the package's its own
+    embedded copy, so the two doors can differ where those files do."""
     with tempfile.TemporaryDirectory() as workdir:
         server = Server(workdir, size, mode)
         try:

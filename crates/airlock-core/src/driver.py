@@ -339,9 +339,6 @@ def _take_native():
 
     try:
         name = os.readlink("/proc/self/fd/%d" % _NATIVE_FD)
-    except OSError:
-        return None
-    try:
         if not name.startswith("/memfd:airlock-native"):
             return None
         import ctypes
@@ -350,7 +347,10 @@ def _take_native():
     except OSError:
         return None
     finally:
-        os.close(_NATIVE_FD)
+        try:
+            os.close(_NATIVE_FD)
+        except OSError:
+            pass
 
 
 def _align_arenas(native):

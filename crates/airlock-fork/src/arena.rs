@@ -26,7 +26,7 @@
 //! here keeps that an assumption this file does not rely on. A fork taken
 //! while another thread held it would leave the child's lock held by no
 //! one, its first arena waiting forever (per-interpreter locks, 3.12's
-//! subinterpreters and the free-threaded build, allow that): so the lock is
+//! subinterpreters, would allow that): so the lock is
 //! taken across every fork by at-fork handlers, and released on both sides.
 
 use std::cell::UnsafeCell;
@@ -105,8 +105,12 @@ static ARENAS: ArenaLock = ArenaLock { held: AtomicBool::new(false), arenas: Uns
 /// handlers can take in the parent and release in the child with nothing
 /// but an atomic store (a std mutex offers no release without its guard,
 /// and the child is not the thread that took it). It is held for a few
-/// integer operations, never across a call out, and under CPython's
-/// interpreter lock is never contended, so it yields rather than sleeps.
+/// integer operations and the raw system calls of a new chunk or a freed
+/// arena (mmap, munmap, madvise: rustix's, which take no lock of libc's),
+/// never across a call into libc or Python but in `install`, before the
+/// handlers are registered. Nothing may call `pthread_atfork` or `dlclose`
+/// while holding it. Under CPython's interpreter lock it is never
+/// contended, so it yields rather than sleeps.
 struct ArenaLock {
     held: AtomicBool,
     arenas: UnsafeCell<Option<Arenas>>,

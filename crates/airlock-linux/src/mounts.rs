@@ -591,9 +591,9 @@ fn mount_proc(proc_dir: &Path, bind: fn(&Path, &Path, u64, bool) -> Result<(), F
 /// `fork`): one fresh tmpfs with the run's disk caps holding its /work and
 /// /tmp (and so /dev/shm, a link to /tmp), which hide the template's; a
 /// fresh /proc of the run's PID namespace, masked as a cold run's; the
-/// program's folder no longer executable (the template ran its native
-/// library from it). The template's seccomp filter refuses the new mount
-/// API, so these are mount(2)'s binds.
+/// program's folder left as the template's, read-only and `noexec`. The
+/// template's seccomp filter refuses the new mount API, so these are
+/// mount(2)'s binds.
 pub fn build_fork_root(bytes: u64, inodes: u64) -> Result<(), Failure> {
     let step = "make the fork's /work and /tmp";
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)

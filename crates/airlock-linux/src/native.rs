@@ -25,7 +25,7 @@
 //! pooled sandbox without its allocator: an optimisation, not a layer.
 
 use std::io::Write;
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -49,8 +49,10 @@ pub const MEMFD_NAME: &str = "airlock-native";
 pub struct NativeLibrary {
     /// Where the backend was told it is ([`crate::LinuxBackend::with_fork_library`]).
     given: Option<PathBuf>,
-    /// The sealed memfd, or why there is none (kept: the file is read once).
-    loaded: OnceLock<Result<OwnedFd, String>>,
+    /// The sealed memfd, once made. A failure is not kept: the next sandbox
+    /// tries again (a library being installed, descriptors short for a
+    /// moment), so a long-lived server recovers without a restart.
+    loaded: OnceLock<OwnedFd>,
 }
 
 impl NativeLibrary {
@@ -59,19 +61,18 @@ impl NativeLibrary {
         NativeLibrary { given, loaded: OnceLock::new() }
     }
 
-    /// The sealed memfd of the library found for `helper`; read at the
-    /// first call only.
+    /// The sealed memfd of the library found for `helper`; read once.
     pub fn memfd(&self, helper: &Path) -> Result<BorrowedFd<'_>, SandboxError> {
-        let loaded = self.loaded.get_or_init(|| {
-            let path = find(helper, self.given.as_deref()).map_err(|e| e.to_string())?;
-            sealed_copy(&path).map_err(|e| format!("reading the native library {} into a memfd: {e}", path.display()))
-        });
-        match loaded {
-            Ok(fd) => Ok(std::os::fd::AsFd::as_fd(fd)),
-            Err(detail) => {
-                Err(SandboxError::Setup { step: "load the native library".to_owned(), detail: detail.clone() })
-            }
+        if let Some(fd) = self.loaded.get() {
+            return Ok(fd.as_fd());
         }
+        let path = find(helper, self.given.as_deref())?;
+        let made = sealed_copy(&path).map_err(|e| SandboxError::Setup {
+            step: "load the native library".to_owned(),
+            detail: format!("reading {} into a memfd: {e}", path.display()),
+        })?;
+        // Two threads may both have made one: the first kept is every sandbox's.
+        Ok(self.loaded.get_or_init(|| made).as_fd())
     }
 }
 
@@ -98,10 +99,11 @@ pub fn find(helper: &Path, given: Option<&Path>) -> Result<PathBuf, SandboxError
 fn sealed_copy(path: &Path) -> std::io::Result<OwnedFd> {
     let content = std::fs::read(path)?;
     let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
-    // Executable, said so where the kernel knows the flag (6.3 and later;
-    // older ones refuse it and map any memfd executable): a host whose
-    // vm.memfd_noexec refuses it has no native library to give.
-    let memfd = match rustix::fs::memfd_create(MEMFD_NAME, flags | MemfdFlags::EXEC) {
+    // Never executable (and sealed so, where the kernel knows the flag: 6.3
+    // and later; older ones refuse it): the loader maps the library, which
+    // `noexec` does not stop, and nothing executes it. So any setting of
+    // vm.memfd_noexec allows it.
+    let memfd = match rustix::fs::memfd_create(MEMFD_NAME, flags | MemfdFlags::NOEXEC_SEAL) {
         Err(rustix::io::Errno::INVAL) => rustix::fs::memfd_create(MEMFD_NAME, flags),
         made => made,
     }?;
@@ -160,13 +162,15 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_library_names_where_to_put_it_each_time_it_is_asked_for() {
+    fn a_missing_library_is_named_and_found_once_it_is_there() {
         let dir = tempfile::tempdir().unwrap();
-        let library = NativeLibrary::new(Some(dir.path().join("absent.so")));
-        for _ in 0..2 {
-            let error = library.memfd(Path::new("/nowhere/airlock-init")).unwrap_err().to_string();
-            assert!(error.contains("absent.so") && error.contains("memfd"), "{error}");
-        }
+        let path = dir.path().join("late.so");
+        let library = NativeLibrary::new(Some(path.clone()));
+        let error = library.memfd(Path::new("/nowhere/airlock-init")).unwrap_err().to_string();
+        assert!(error.contains("late.so") && error.contains("memfd"), "{error}");
+        // Installed later: the next sandbox has it, no restart needed.
+        std::fs::write(&path, b"\x7fELF").unwrap();
+        assert!(library.memfd(Path::new("/nowhere/airlock-init")).is_ok());
         // Not given and not beside the helper: the hint names both ways.
         let error = find(&dir.path().join("airlock-init"), None);
         if std::env::var_os(NATIVE_ENV).is_none() {

@@ -189,8 +189,8 @@ pub fn exec_code(
 
 /// Puts `native` at [`NATIVE_FD`], open across the exec. The setup pipe
 /// must not be there: its failure reports would then go nowhere. (It never
-/// is: the helper holds the sandbox's namespaces, received first, at the
-/// lowest numbers past its streams while it makes the pipe.)
+/// is: 3 is the helper's socket to the supervisor, which it holds for the
+/// whole run, `take_socket`; the code's copy of it is what goes here.)
 fn place_native(native: BorrowedFd<'_>, setup: BorrowedFd<'_>) -> Result<(), String> {
     if setup.as_raw_fd() == NATIVE_FD {
         return Err(format!("the setup pipe is at descriptor {NATIVE_FD}, which the library takes"));
