@@ -380,6 +380,43 @@ print(json.dumps(found))
     }
 }
 
+/// A forked run's init (PID 1, a fork of the template) unmapped what it
+/// inherited of the template before the fork was ready
+/// (`fork::shed_the_templates_memory`), so that its death at the run's end,
+/// which the record waits for, has little to free; and it still reaps the
+/// code's orphans, as a cold run's init does.
+#[test]
+fn a_forked_runs_init_holds_little_of_the_template_and_still_reaps() {
+    let _alone = exclusive();
+    let pool = pool_in(PoolMode::Forked, Policy::default(), 1, &["numpy", "pandas"]);
+    let code = r#"
+import os, time
+def vm(pid, field):
+    for line in open("/proc/%d/status" % pid):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+# An orphan: its parent exits at once (reaped here), so PID 1 must reap it.
+child = os.fork()
+if child == 0:
+    if os.fork() == 0:
+        time.sleep(0.1)
+        os._exit(0)
+    os._exit(0)
+os.waitpid(child, 0)
+time.sleep(0.4)
+zombies = [p for p in os.listdir("/proc") if p.isdigit()
+           and open("/proc/%s/stat" % p).read().rsplit(")", 1)[1].split()[0] == "Z"]
+print(vm(1, "VmSize"), vm(1, "VmRSS"), vm(os.getpid(), "VmSize"), len(zombies))
+"#;
+    let record = run(&pool, code);
+    let out = served_ok(&record, PoolMode::Forked).to_owned();
+    let figures: Vec<u64> = out.split_whitespace().map(|f| f.parse().expect("a figure")).collect();
+    let [init_size, init_rss, code_size, zombies] = figures[..] else { panic!("{out}") };
+    eprintln!("a forked run's init: VmSize {init_size} kB, VmRSS {init_rss} kB; its code's VmSize {code_size} kB");
+    assert!(init_size * 4 < code_size, "the init holds {init_size} kB of address space, its code {code_size} kB");
+    assert_eq!(zombies, 0, "the init left an orphan unreaped");
+}
+
 /// The warm driver unmapped the preload's libraries' pages before the run
 /// (driver.py, `_unmap_file_pages`), so that the run's exit has fewer page
 /// table entries to clear: a run that does not use pandas finds none of the
