@@ -52,7 +52,7 @@ ARMS = {
     "then the collapse": ("", LOAD_DRIVER + COLLAPSE),
     "then the collapse and the unmapping": ("", LOAD_DRIVER + COLLAPSE + UNMAP),
     "aligned arenas, the collapse and the unmapping": (
-        LOAD_DRIVER + f"driver['_DRIVER_DIR'] = {os.path.dirname(NATIVE)!r}\ndriver['_align_arenas']()\n",
+        LOAD_DRIVER + f"import ctypes\ndriver['_align_arenas'](ctypes.CDLL({NATIVE!r}))\n",
         COLLAPSE + UNMAP,
     ),
 }

@@ -79,16 +79,16 @@ pub fn init(plan: RawFd, lifeline: RawFd, ready: RawFd) -> Result<Infallible, Fa
         .map_err(|e| Failure::new("drop the interpreter's signal handlers", "sigaction", &e))?;
     caps::drop_all()?;
     sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
+    // SAFETY: the template keeps the ready pipe open at this number for the call.
+    let ready = unsafe { BorrowedFd::borrow_raw(ready) };
     shed_the_templates_memory();
     // The interpreter is gone from here on: a failure exits, never returns
-    // into Python. (The template takes an init that ended before its byte,
-    // or after it, as the run's failure.)
+    // into Python (nor unwinds through it). The template takes an init that
+    // ended before its byte, or after it, as the run's failure.
     let exit = || -> ! {
         // SAFETY: ends this process at once, running nothing of Python's.
         unsafe { libc::_exit(SHED_INIT_FAILED) }
     };
-    // SAFETY: the template keeps the ready pipe open at this number for the call.
-    let ready = unsafe { BorrowedFd::borrow_raw(ready) };
     if rustix::io::write(ready, b"1").is_err() {
         exit();
     }
@@ -114,22 +114,54 @@ const MAX_SHED: usize = 4096;
 /// libraries and memory), so that its death at the run's end, which the
 /// run's record waits for, has little to free. A fork of a template that
 /// imported pandas took 2.7 ms to die against 0.6 ms for a fork of a bare
-/// interpreter (median of 40, this machine); the unmapping costs the same
-/// work, done before any run claims the fork.
+/// interpreter (`bench/fork_exit.py`, median of 40, this machine); the
+/// unmapping costs the same work, done before any run claims the fork.
 ///
-/// Kept: what this library and its reaping loop run on, which is all
-/// resolved at load (BIND_NOW): this library, libc, libgcc_s and the loader
-/// (their code, data and the anonymous bss right after them), the heap, the
-/// stack, the thread's control block and TLS, the kernel's pages (`[vdso]`
-/// and every other named mapping). An optimisation only: nothing here can
-/// fail the run; a line it cannot read is kept.
+/// Kept: what this library and its reaping loop run on, all resolved at
+/// load (BIND_NOW): this library, libc, libgcc_s and the loader, found by
+/// the addresses of their own symbols and kept whole (every mapping of the
+/// same file, whatever its name: `libc.so.6`, `libc-2.31.so`), with the
+/// anonymous bss right after each; the heap, the stack, the thread's
+/// control block and TLS, and every named kernel mapping (`[vdso]`...). An
+/// optimisation only, so it does nothing where it cannot be sure: if this
+/// library, libc or the loader is not found in the map, if the map cannot
+/// be read, or where a shadow stack (an unnamed mapping every `ret` reads)
+/// may be in force (x86 with `shstk` on; other architectures, not checked,
+/// skip it).
 fn shed_the_templates_memory() {
-    const KEPT_FILES: [&str; 4] = ["/memfd:airlock-native", "/libc.so", "/libgcc_s.so", "/ld-linux"];
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let shadow_stack = std::fs::read_to_string("/proc/self/status").map_or(true, |status| {
+        status.lines().any(|line| line.starts_with("x86_Thread_features:") && line.contains("shstk"))
+    });
+    if shadow_stack {
+        return;
+    }
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return;
     };
-    // The thread's control block and static TLS (glibc's errno lives there),
-    // and this function's stack frame.
+    // SAFETY: getauxval reads this process's auxiliary vector; dlsym reads
+    // a NUL-terminated name. Neither dereferences what it returns.
+    let (loader, unwinder) = unsafe {
+        (libc::getauxval(libc::AT_BASE) as usize, libc::dlsym(libc::RTLD_DEFAULT, c"_Unwind_Resume".as_ptr()) as usize)
+    };
+    let this_library = shed_the_templates_memory as *const () as usize;
+    let libc = libc::munmap as *const () as usize;
+    // The files whose every mapping stays: (device, inode), found by address.
+    let mut kept_files: [Option<(&str, &str)>; 4] = [None; 4];
+    for mapping in maps.lines().filter_map(Mapping::parse) {
+        for (slot, address) in kept_files.iter_mut().zip([this_library, libc, loader, unwinder]) {
+            if address != 0 && !mapping.path.is_empty() && (mapping.start..mapping.end).contains(&address) {
+                *slot = Some((mapping.device, mapping.inode));
+            }
+        }
+    }
+    if kept_files[..3].iter().any(Option::is_none) {
+        return;
+    }
+    // The thread's control block and static TLS (glibc's errno lives
+    // there), and this function's stack frame.
     // SAFETY: returns the address of this thread's errno; nothing is read.
     let tls = unsafe { libc::__errno_location() } as usize;
     let stack = &raw const maps as usize;
@@ -138,20 +170,13 @@ fn shed_the_templates_memory() {
     let mut shed = [(0usize, 0usize); MAX_SHED];
     let mut count = 0;
     let mut kept_file_end = 0;
-    for line in maps.lines() {
-        let mut fields = line.split_whitespace();
-        let range = fields.next().and_then(|r| r.split_once('-'));
-        let Some((start, end)) =
-            range.and_then(|(s, e)| Some((usize::from_str_radix(s, 16).ok()?, usize::from_str_radix(e, 16).ok()?)))
-        else {
-            continue;
-        };
-        let path = fields.nth(4).unwrap_or("");
+    for mapping in maps.lines().filter_map(Mapping::parse) {
+        let Mapping { start, end, device, inode, path } = mapping;
         let keep = if path.is_empty() {
             // A kept library's bss, or the control block, or this stack.
             start == kept_file_end || (start..end).contains(&tls) || (start..end).contains(&stack)
         } else {
-            path.starts_with('[') || KEPT_FILES.iter().any(|name| path.contains(name))
+            path.starts_with('[') || kept_files.contains(&Some((device, inode)))
         };
         if !path.is_empty() {
             kept_file_end = if keep { end } else { 0 };
@@ -172,6 +197,27 @@ fn shed_the_templates_memory() {
         // (see above); nothing Rust owns points into it (the one buffer
         // that might is forgotten above).
         unsafe { libc::munmap(start as *mut libc::c_void, length) };
+    }
+}
+
+/// One line of `/proc/self/maps`: `start-end perms offset device inode path`.
+struct Mapping<'a> {
+    start: usize,
+    end: usize,
+    device: &'a str,
+    inode: &'a str,
+    /// Empty for an anonymous mapping.
+    path: &'a str,
+}
+
+impl<'a> Mapping<'a> {
+    fn parse(line: &'a str) -> Option<Mapping<'a>> {
+        let mut fields = line.split_whitespace();
+        let (start, end) = fields.next()?.split_once('-')?;
+        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
+        let (_perms, _offset) = (fields.next()?, fields.next()?);
+        let (device, inode) = (fields.next()?, fields.next()?);
+        Some(Mapping { start, end, device, inode, path: fields.next().unwrap_or("") })
     }
 }
 
