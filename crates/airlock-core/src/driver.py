@@ -337,20 +337,22 @@ def _take_native():
     that would not load: the caller decides whether that is fatal)."""
     import os
 
+    # Only the library's own descriptor is closed: any other at 3 is not
+    # this function's to close (a warm run without the library has none).
     try:
         name = os.readlink("/proc/self/fd/%d" % _NATIVE_FD)
-        if not name.startswith("/memfd:airlock-native"):
-            return None
+    except OSError:
+        return None
+    if not name.startswith("/memfd:airlock-native"):
+        return None
+    try:
         import ctypes
 
         return ctypes.CDLL("/proc/self/fd/%d" % _NATIVE_FD)
     except OSError:
         return None
     finally:
-        try:
-            os.close(_NATIVE_FD)
-        except OSError:
-            pass
+        os.close(_NATIVE_FD)
 
 
 def _align_arenas(native):
