@@ -294,3 +294,43 @@ macro_rules! on_both_backends {
         )*
     };
 }
+
+/// Code that leaves what an exit must see to: a file it never closed, a
+/// thread still running, an atexit function, objects with finalizers, one in
+/// a reference cycle. [`assert_ended_as_an_exit_does`] checks what it printed
+/// and wrote.
+pub const ENDS_WITH_WORK_LEFT: &str = r#"
+import atexit, threading, time
+f = open("/work/unclosed.txt", "w")
+f.write("kept" * 1000)
+class Cycle:
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        print("cycle finalized")
+Cycle()
+class Goodbye:
+    def __del__(self):
+        print("finalized")
+bye = Goodbye()
+atexit.register(lambda: print("atexit ran"))
+def late():
+    time.sleep(0.3)
+    open("/work/thread.txt", "w").write("thread finished")
+threading.Thread(target=late).start()
+print("main done")
+"#;
+
+/// A run of [`ENDS_WITH_WORK_LEFT`] ended as a normal exit would: its own
+/// line, then the atexit function's, then its objects' finalizers, the
+/// cycle's included (in either order: CPython promises none at exit); the
+/// file it left open flushed, its thread's work done.
+pub fn assert_ended_as_an_exit_does(stdout: &str, sandbox: &mut Sandbox) {
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[..2], ["main done", "atexit ran"], "{stdout}");
+    let mut finalized = lines[2..].to_vec();
+    finalized.sort_unstable();
+    assert_eq!(finalized, ["cycle finalized", "finalized"], "{stdout}");
+    assert_eq!(sandbox.read("/work/unclosed.txt").expect("the unclosed file"), "kept".repeat(1000).into_bytes());
+    assert_eq!(sandbox.read("/work/thread.txt").expect("the thread's file"), b"thread finished");
+}

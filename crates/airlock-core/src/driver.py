@@ -15,15 +15,22 @@
 # PNGs re-checked, never used to decide a status or a limit.
 #
 # Start-up cost matters: every run pays it. So this file holds only what every
-# run needs and imports nothing plain Python has not loaded already (a warm
-# driver imports ctypes before its preload, before any run); what is
-# needed only when there is something to report (an error, figures) lives in
-# driver_report.py, beside it, loaded then. driver_start.py, Python's script,
-# runs this file, from its bytecode when it can trust it (see there), and
-# leaves its `_code_of` here, which loads driver_report.py the same way.
+# run needs and imports only modules built into the interpreter or frozen in
+# it, never `os` (a warm driver imports ctypes before its preload, before any
+# run); what is needed only when there is something to report (an error,
+# figures) lives in driver_report.py, beside it, loaded then.
+# driver_start.py, Python's script, runs this file, from its bytecode when it
+# can trust it (see there), and leaves its `_code_of` here, which loads
+# driver_report.py the same way. Where the supervisor knows what Python's
+# `site` module would set up, Python starts without it and the driver sets it
+# up (_set_up_site); and every run ends without the interpreter's teardown
+# (_end).
 #
-# argv: driver_start.py CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP MAX_RESULTS
+# argv: driver_start.py SITE CODE_PATH DISPLAY_NAME REPORT_PATH VALUE_CAP MAX_FIGURES FIGURE_CAP MAX_RESULTS
 #       [READY_PATH [warm huge|small PRELOAD...]]
+#
+# SITE is "-" when Python's own `site` ran, else the prefix of the venv whose
+# `site` the driver sets up (Python was started with -S).
 #
 # With READY_PATH (a FIFO), the driver writes b"C" there just before the
 # code's first instruction. A warm driver (a pooled sandbox, made before any
@@ -41,6 +48,7 @@
 # as a warm driver of its own run. Its paths are then `fd:N`: descriptors
 # the template arranged, not files.
 
+import gc
 import sys
 
 _DRIVER_FILE = __file__
@@ -48,15 +56,14 @@ _DRIVER_DIR = _DRIVER_FILE.rpartition("/")[0]
 
 
 def _run():
+    _set_up_site(sys.argv[1])
     _enter_work_dir()
-    code_path, display_name, report_path = sys.argv[1], sys.argv[2], sys.argv[3]
-    value_cap, max_figures, figure_cap, max_results = (int(x) for x in sys.argv[4:8])
+    code_path, display_name, report_path = sys.argv[2], sys.argv[3], sys.argv[4]
+    value_cap, max_figures, figure_cap, max_results = (int(x) for x in sys.argv[5:9])
     code_path, report_path = _path(code_path), _path(report_path)
-    ready_path = _path(sys.argv[8]) if len(sys.argv) > 8 else None
-    template = sys.argv[9:10] == ["template"]
-    warm = template or sys.argv[9:10] == ["warm"]
-    if warm:
-        _WARM.append(True)
+    ready_path = _path(sys.argv[9]) if len(sys.argv) > 9 else None
+    template = sys.argv[10:11] == ["template"]
+    warm = template or sys.argv[10:11] == ["warm"]
     state = {
         "report": {},
         "figures": [],
@@ -72,10 +79,10 @@ def _run():
 
     if warm:
         native = _take_native()
-        huge = sys.argv[10:11] == ["huge"]
+        huge = sys.argv[11:12] == ["huge"]
         if huge and native is not None:
             _align_arenas(native)
-        for module in sys.argv[11:]:
+        for module in sys.argv[12:]:
             __import__(module)
         if huge:
             _collapse_into_huge_pages()
@@ -115,6 +122,13 @@ def _run():
     exit_code = 0
     try:
         body, last = _split_last_expression(source, display_name)
+        # What exists before the code's first instruction (the interpreter's
+        # own objects, the driver's, a warm driver's preload) is left out of
+        # the collector's work from here on, for the code's own collections
+        # and the one at its end (_end): it all lives until the process
+        # ends, and a fork of a template then never writes to those pages
+        # (each collection would have, to its copy of the template's).
+        gc.freeze()
         if ready is not None:
             ready.write(b"C")
             ready.close()
@@ -139,8 +153,6 @@ def _run():
 
 
 _EXTRAS = []
-# Set for a warm run, which ends without the interpreter's teardown.
-_WARM = []
 
 
 def _extras():
@@ -219,12 +231,91 @@ def _receive(path):
 
 def _enter_work_dir():
     """Moves to AIRLOCK_CWD when the backend sets it (WASI has no working
-    directory to inherit), and removes it, so the code sees only its own env."""
-    import os
+    directory to inherit), and removes it, so the code sees only its own env.
+    (posix.environ is the dict os.environ wraps, made or not.)"""
+    import posix
 
-    cwd = os.environ.pop("AIRLOCK_CWD", None)
-    if cwd:
-        os.chdir(cwd)
+    cwd = posix.environ.pop(b"AIRLOCK_CWD", None)
+    if cwd is not None:
+        posix.unsetenv(b"AIRLOCK_CWD")
+        posix.chdir(cwd)
+
+
+def _set_up_site(prefix):
+    """Sets up what Python's `site` module would have, when Python started
+    without it (`prefix` is not "-": the runtime's `known_site`).
+
+    The supervisor checked on the host that the venv at `prefix` leaves out
+    the system's site-packages and that `site` would run nothing (no `.pth`
+    file in its site-packages, no `sitecustomize` module there or in the
+    interpreter's library). For such a venv `site` only makes it sys.prefix,
+    puts its site-packages folder last on the path and adds the builtins
+    exit, quit, help, copyright, credits and license; so that is done here,
+    without site's scans of each path entry and its `import os` (about 2 ms
+    of every cold start). What the supervisor could not check is left to
+    `site` itself: the run's own PYTHONHOME, a sitecustomize on the run's
+    PYTHONPATH, an interpreter whose libraries are not in lib. (The one
+    difference then: sys.flags.no_site is 1.) A venv's `site` sets up no
+    user site and no interactive hook worth having here (no prompt ever
+    runs)."""
+    if prefix == "-":
+        return
+    import posix
+
+    pythonpath = posix.environ.get(b"PYTHONPATH")
+    if (
+        b"PYTHONHOME" in posix.environ
+        or sys.platlibdir != "lib"
+        or (pythonpath is not None and _finds_sitecustomize(pythonpath))
+    ):
+        import site
+
+        site.main()
+        return
+    sys.prefix = sys.exec_prefix = prefix
+    sys._home = sys._base_executable.rpartition("/")[0]
+    site_packages = "%s/lib/python%d.%d/site-packages" % (prefix, sys.version_info[0], sys.version_info[1])
+    if site_packages not in sys.path:
+        sys.path.append(site_packages)
+    import _sitebuiltins
+    import builtins
+
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    builtins.help = _sitebuiltins._Helper()
+    for name in ("copyright", "credits", "license"):
+        setattr(builtins, name, _SiteText(name))
+
+
+def _finds_sitecustomize(pythonpath):
+    """Whether a folder on PYTHONPATH (bytes, as the environment has it)
+    holds a sitecustomize module."""
+    import _frozen_importlib_external
+
+    folders = [f for f in pythonpath.decode(sys.getfilesystemencoding(), "surrogateescape").split(":") if f]
+    return _frozen_importlib_external.PathFinder.find_spec("sitecustomize", folders) is not None
+
+
+class _SiteText:
+    """`copyright`, `credits` or `license` as `site` makes them, made on first
+    use (site's module, imported after a start with -S, sets nothing up by
+    itself; its setcopyright puts the real ones in builtins)."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def _made(self):
+        import builtins
+        import site
+
+        site.setcopyright()
+        return getattr(builtins, self._name)
+
+    def __repr__(self):
+        return repr(self._made())
+
+    def __call__(self):
+        return self._made()()
 
 
 def _split_last_expression(source, filename):
@@ -241,7 +332,7 @@ def _split_last_expression(source, filename):
     no line then splits it: only then, when the code holds a `;`, is the AST
     asked (driver_report.py).
     """
-    whole = compile(source, filename, "exec", dont_inherit=True)
+    whole = _compile(source, filename, "exec")
     try:
         lines = source.decode("utf-8").splitlines(keepends=True)
     except UnicodeDecodeError:
@@ -252,8 +343,8 @@ def _split_last_expression(source, filename):
             continue
         try:
             # Blank lines in front keep the line numbers of the code as shown.
-            last = compile("\n" * index + "".join(lines[index:]), filename, "eval", dont_inherit=True)
-            body = compile("".join(lines[:index]), filename, "exec", dont_inherit=True)
+            last = _compile("\n" * index + "".join(lines[index:]), filename, "eval")
+            body = _compile("".join(lines[:index]), filename, "exec")
         except SyntaxError:
             if ";" in line:
                 return _extras().split_on_ast(source, filename, whole)
@@ -263,6 +354,49 @@ def _split_last_expression(source, filename):
         # The last statement may start after a `;` on a continued line.
         return _extras().split_on_ast(source, filename, whole)
     return whole, None
+
+
+class _Compiled(BaseException):
+    """Stops a code's frame before its first instruction (_compile)."""
+
+
+def _compile(source, filename, mode):
+    """What compile(source, filename, mode, dont_inherit=True) returns,
+    without what the builtin costs at its first call.
+
+    compile() first asks whether its source is an AST, which makes the
+    hundred-odd node types of the `ast` module: about 1.5 ms here, a tenth
+    of a cold `print(1+1)`. exec and eval compile a string without asking
+    (naming it "<string>"). So the source goes to exec or eval with a trace
+    function that takes the new frame's code at the frame's start, before
+    its first instruction, and stops it there; the code is then given
+    `filename`, its nested code too, as the import system renames the code
+    of a .pyc. A syntax error is raised as compile() raises it, naming
+    `filename`. (The driver's own code holds no __future__ import for exec
+    to pass on.)"""
+    import _imp
+
+    taken = []
+
+    def take(frame, event, arg):
+        taken.append(frame.f_code)
+        raise _Compiled
+
+    sys.settrace(take)
+    try:
+        (exec if mode == "exec" else eval)(source, {})
+    except _Compiled:
+        pass
+    except SyntaxError as error:
+        if error.filename == "<string>":
+            error.filename = filename
+            error.args = (error.msg, (filename, error.lineno, error.offset, error.text, error.end_lineno, error.end_offset))
+        raise
+    finally:
+        sys.settrace(None)
+    code = taken[0]
+    _imp._fix_co_filename(code, filename)
+    return code
 
 
 def _exit_code(exc):
@@ -283,29 +417,36 @@ def _flush_streams():
             pass
 
 
-def _exit_warm(exit_code):
-    """Ends a warm run's process without the interpreter's teardown, which
-    with the preload's hundreds of modules costs more than a small job
-    (300 to 600 ms here): the sandbox is destroyed after the run, so the
-    kernel frees the rest. First what an exit must still do: wait for the
-    code's threads, run its atexit functions, let its objects go (a file it
-    left open is flushed and closed; no full collection, which alone costs
-    a small job's time: only an object in a reference cycle is not
-    finalized), flush the streams."""
+def _end(exit_code):
+    """Ends the run's process without the interpreter's teardown: the
+    sandbox is destroyed after the run and the kernel frees the rest, and
+    the teardown of every module costs more than a small job (cold, after
+    `import pandas`: about 50 ms of 320 here; with a warm driver's preload,
+    300 to 600 ms). First what an exit must still do, in a normal exit's
+    order: wait for the code's threads, run its atexit functions, let its
+    objects go (the code's module is cleared, so a file it left open is
+    flushed and closed, and what it made is collected, so that objects in
+    reference cycles are finalized too; gc.freeze in _run keeps the
+    collection to what the code made), flush the streams. Not finalized, as
+    CPython does not promise either: objects still held by other modules (a
+    library's caches, a helper module's globals). Finalizers may run in
+    another order than a full teardown's."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except Exception:
+            pass
     import atexit
-    import os
-    import threading
+    import posix
 
-    try:
-        threading._shutdown()
-    except Exception:
-        pass
     atexit._run_exitfuncs()
     main = sys.modules.get("__main__")
     if main is not None:
         main.__dict__.clear()
+    gc.collect()
     _flush_streams()
-    os._exit(exit_code)
+    posix._exit(exit_code)
 
 
 def _libc():
@@ -493,17 +634,4 @@ def _unmap_file_pages():
 
 
 if __name__ == "__main__":
-    _exit_code_ = _run()
-    if _WARM:
-        _exit_warm(_exit_code_)
-    if sys.platform == "wasi":
-        # A WASI guest is discarded after its run, and has no threads to
-        # wait for: skip the interpreter's teardown (a third of a small
-        # job's time) after doing what an exit must still do.
-        import atexit
-        import os
-
-        atexit._run_exitfuncs()
-        _flush_streams()
-        os._exit(_exit_code_)
-    sys.exit(_exit_code_)
+    _end(_run())

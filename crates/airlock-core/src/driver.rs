@@ -231,7 +231,19 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         runtime.python.to_string_lossy().into_owned(),
         // Unbuffered, so output written before a kill is not lost.
         "-u".to_owned(),
+    ];
+    // Where the runtime's `site` is known, the driver sets it up itself
+    // (`-S`: Python's own `site` does not run); "-" lets Python's run.
+    let site = match &runtime.known_site {
+        Some(prefix) => {
+            argv.push("-S".to_owned());
+            prefix.to_string_lossy().into_owned()
+        }
+        None => "-".to_owned(),
+    };
+    argv.extend([
         format!("{PROGRAM_DIR}/driver_start.py"),
+        site,
         code_path,
         job.display_name().to_owned(),
         report_path,
@@ -239,7 +251,7 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         caps.max_figures.to_string(),
         caps.figure_bytes.to_string(),
         caps.max_results.to_string(),
-    ];
+    ]);
     if start != Start::Cold {
         argv.push(ready_path);
     }

@@ -83,6 +83,16 @@ pub struct Runtime {
     /// inside at each run. Inside, each is used only if it was made by the
     /// interpreter that runs from the source beside it.
     pub driver_bytecode: Vec<crate::driver::ProgramFile>,
+    /// The venv (its prefix, inside the sandbox) whose `site` set-up is
+    /// known before the interpreter starts, or `None` to let Python's own
+    /// `site` module run. Known means: the venv leaves out the system's
+    /// site-packages, and neither its site-packages nor the interpreter's
+    /// own library holds anything `site` would run (a `.pth` file, a
+    /// `sitecustomize` module). Python then starts without `site` (`-S`)
+    /// and the driver sets up what `site` would have (driver.py,
+    /// `_set_up_site`): that skips site's scans of the path and its
+    /// `import os`, about 2 ms of a cold start here.
+    pub known_site: Option<PathBuf>,
 }
 
 impl Runtime {

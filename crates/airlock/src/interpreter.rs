@@ -85,6 +85,8 @@ impl Interpreter {
             tmp_seed: Vec::new(),
             describe: format!("Python {}, the host's, without an image", self.version),
             driver_bytecode: crate::bytecode::driver_bytecode(&self.executable),
+            // The host's interpreter runs as it is, its own `site` included.
+            known_site: None,
         }
     }
 
@@ -96,6 +98,8 @@ impl Interpreter {
         let (mut mounts, env) = self.installation();
         let python = self.executable_inside();
         let mut files = Vec::new();
+        // A venv without pyvenv.cfg is not one to Python: its `site` is not known.
+        let mut own_site_only = false;
         let entries = fs::read_dir(venv).map(|e| e.flatten().collect::<Vec<_>>()).unwrap_or_default();
         for entry in entries {
             let name = entry.file_name();
@@ -115,6 +119,7 @@ impl Interpreter {
                     .filter_map(|l| l.split_once('='))
                     .find(|(k, _)| k.trim() == "include-system-site-packages")
                     .map_or("false", |(_, v)| v.trim());
+                own_site_only = system_site.eq_ignore_ascii_case("false");
                 let home = python.parent().unwrap_or(Path::new("/")).display().to_string();
                 let content = format!(
                     "home = {home}\ninclude-system-site-packages = {system_site}\nversion = {}\n",
@@ -140,7 +145,33 @@ impl Interpreter {
             tmp_seed: Vec::new(),
             describe: format!("Python {} in a venv", self.version),
             driver_bytecode: crate::bytecode::driver_bytecode(&self.executable),
+            known_site: (own_site_only && self.site_runs_nothing_in(venv)).then(|| at.to_path_buf()),
         }
+    }
+
+    /// Whether Python's `site` would only put `venv`'s site-packages on the
+    /// path (see [`Runtime::known_site`]): no `.pth` file there, and no
+    /// `sitecustomize` module there or in the interpreter's own library.
+    /// (A venv that leaves out the system's site-packages has no user site
+    /// either, so no `usercustomize`.) Anything unreadable counts as unknown.
+    fn site_runs_nothing_in(&self, venv: &Path) -> bool {
+        let short = self.version.split('.').take(2).collect::<Vec<_>>().join(".");
+        let stdlib = self.base_prefix.join("lib").join(format!("python{short}"));
+        let site_packages = venv.join("lib").join(format!("python{short}")).join("site-packages");
+        let zipped_stdlib = self.base_prefix.join("lib").join(format!("python{}.zip", short.replace('.', "")));
+        let holds_nothing_site_runs = |dir: &Path, pth_files_run: bool| match fs::read_dir(dir) {
+            Err(_) => false,
+            Ok(entries) => entries.flatten().all(|entry| {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                // sitecustomize.py, .pyc, an extension module, a package.
+                name.split('.').next() != Some("sitecustomize") && !(pth_files_run && name.ends_with(".pth"))
+            }),
+        };
+        holds_nothing_site_runs(&site_packages, true)
+            && holds_nothing_site_runs(&stdlib, false)
+            && holds_nothing_site_runs(&stdlib.join("lib-dynload"), false)
+            && !zipped_stdlib.exists()
     }
 
     /// Where the installation (`base_prefix`) is inside: the host's /usr is
@@ -291,5 +322,84 @@ fn save_cache(cache: &BTreeMap<String, Interpreter>) {
     let tmp = dir.join(format!(".interpreters.{}.tmp", std::process::id()));
     if fs::write(&tmp, bytes).is_ok() {
         let _ = fs::rename(&tmp, &path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // A test: a failure to set up is a failed test, said plainly.
+    #![allow(clippy::expect_used, clippy::unwrap_used)]
+
+    use super::*;
+
+    /// An installation and a venv of it, as files only: enough for
+    /// `venv_runtime` to decide whether the venv's `site` is known.
+    struct Layout {
+        _dir: tempfile::TempDir,
+        interpreter: Interpreter,
+        venv: PathBuf,
+    }
+
+    impl Layout {
+        fn new(system_site: &str) -> Layout {
+            let dir = tempfile::tempdir().unwrap();
+            let base = dir.path().join("python");
+            fs::create_dir_all(base.join("lib/python3.11/lib-dynload")).unwrap();
+            fs::write(base.join("lib/python3.11/os.py"), "").unwrap();
+            let venv = dir.path().join("venv");
+            fs::create_dir_all(venv.join("lib/python3.11/site-packages/numpy")).unwrap();
+            fs::write(
+                venv.join("pyvenv.cfg"),
+                format!("home = {}/bin\ninclude-system-site-packages = {system_site}\n", base.display()),
+            )
+            .unwrap();
+            let interpreter = Interpreter {
+                executable: base.join("bin/python3.11"),
+                base_prefix: base.clone(),
+                prefix: venv.clone(),
+                version: "3.11.7".to_owned(),
+                platform: Platform::default(),
+            };
+            Layout { _dir: dir, interpreter, venv }
+        }
+
+        fn known_site(&self) -> Option<PathBuf> {
+            self.interpreter.venv_runtime(&self.venv, Path::new("/opt/airlock/image")).known_site
+        }
+
+        fn add(&self, path: &str) {
+            let path = match path.strip_prefix("venv/") {
+                Some(inside) => self.venv.join(inside),
+                None => self.interpreter.base_prefix.join(path),
+            };
+            fs::write(path, "import sys\n").unwrap();
+        }
+    }
+
+    #[test]
+    fn a_venv_whose_site_runs_nothing_is_known_by_its_path_inside() {
+        assert_eq!(Layout::new("false").known_site(), Some(PathBuf::from("/opt/airlock/image")));
+    }
+
+    #[test]
+    fn anything_site_would_run_or_add_leaves_site_to_python() {
+        // The system's site-packages, which the driver does not set up.
+        assert_eq!(Layout::new("true").known_site(), None);
+        for file in [
+            "venv/lib/python3.11/site-packages/distutils-precedence.pth",
+            "venv/lib/python3.11/site-packages/sitecustomize.py",
+            "lib/python3.11/sitecustomize.py",
+            "lib/python3.11/lib-dynload/sitecustomize.cpython-311-x86_64-linux-gnu.so",
+            // A zipped library comes first on the path; what it holds is not looked at.
+            "lib/python311.zip",
+        ] {
+            let layout = Layout::new("false");
+            layout.add(file);
+            assert_eq!(layout.known_site(), None, "{file}");
+        }
+        // A venv without site-packages is not known either (site would add nothing).
+        let layout = Layout::new("false");
+        fs::remove_dir_all(layout.venv.join("lib")).unwrap();
+        assert_eq!(layout.known_site(), None);
     }
 }

@@ -1,0 +1,163 @@
+//! The driver starts and ends the code's interpreter as plain Python would,
+//! only cheaper (issue 15, the cold path): where the runtime's `site` is
+//! known the driver sets it up itself (Python starts with `-S`); the code
+//! is compiled without the `ast` types `compile()` makes first; every run
+//! ends without the interpreter's teardown, after what an exit must do.
+//! Each test holds the code's view to plain Python's, on real sandboxes.
+
+// A test: a failure to set up or a surprise is a failed test, said plainly.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use airlock::{Policy, RunRecord, RunRequest, Sandbox, Status};
+use airlock_tests::{ENDS_WITH_WORK_LEFT, assert_ended_as_an_exit_does, data_image, linux, shared};
+
+fn ok(record: &RunRecord) -> &str {
+    assert_eq!(
+        record.status,
+        Status::Ok,
+        "stderr: {}\nerror: {:?}\nmessage: {:?}",
+        record.stderr,
+        record.error,
+        record.message
+    );
+    record.stdout.trim()
+}
+
+/// What the code's interpreter was set up with, as JSON: its prefixes, its
+/// path from the standard library on (the first entry is the script's
+/// folder, which differs by design), the builtins `site` adds.
+const SET_UP: &str = r#"import builtins, json, sys
+print(json.dumps({
+    "prefix": sys.prefix, "exec_prefix": sys.exec_prefix, "base_prefix": sys.base_prefix,
+    "home": getattr(sys, "_home", None), "path": sys.path[1:],
+    "builtins": {n: type(getattr(builtins, n, None)).__name__ for n in ("exit", "quit", "help")},
+    "texts": [str(getattr(builtins, n, "")).split()[0] for n in ("copyright", "credits", "license")],
+}, sort_keys=True))"#;
+
+#[test]
+fn a_run_from_an_image_starts_as_pythons_own_site_would_have_it() {
+    let _guard = shared();
+    let runtime = data_image();
+    assert_eq!(runtime.known_site.as_deref(), Some(Path::new("/opt/airlock/image")), "the image's site is known");
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), runtime).unwrap();
+    sandbox.write("/work/set_up.py", SET_UP.as_bytes()).unwrap();
+    // The driver's interpreter (no `site`), then a child Python started
+    // plainly in the same sandbox, whose `site` runs as Python's own.
+    let code = "import sys, subprocess\nprint(sys.flags.no_site, 'site' in sys.modules)\n\
+                exec(open('/work/set_up.py').read())\nsys.stdout.flush()\n\
+                subprocess.run([sys.executable, '/work/set_up.py'], check=True)\n";
+    let record = sandbox.run(code);
+    let out = ok(&record);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[0], "1 False", "the driver set up the image's site itself");
+    assert_eq!(lines[1], lines[2], "the driver's set-up differs from Python's own `site`");
+    let set_up: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(set_up["prefix"], "/opt/airlock/image");
+    assert_eq!(set_up["builtins"]["exit"], "Quitter");
+    assert_eq!(set_up["texts"][0], "Copyright");
+
+    // The builtins work as `site`'s do, and the packages import.
+    let record = sandbox.run("import numpy\nprint(repr(quit), numpy.__name__)\nexit(7)");
+    assert_eq!((record.exit_code, record.stdout.trim()), (Some(7), "Use quit() or Ctrl-D (i.e. EOF) to exit numpy"));
+}
+
+/// A venv of the host's Python holding `files` (path below its
+/// site-packages, content), in a folder others may read (the sandbox's user
+/// is not the caller).
+fn venv_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("airlock-venv-").tempdir_in("/var/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let made = std::process::Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(dir.path().join("venv"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let site_packages = std::fs::read_dir(dir.path().join("venv/lib"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("site-packages"))
+        .next()
+        .unwrap();
+    for (name, content) in files {
+        std::fs::write(site_packages.join(name), content).unwrap();
+    }
+    dir
+}
+
+fn venv_runtime(dir: &tempfile::TempDir) -> airlock::Runtime {
+    let python = dir.path().join("venv/bin/python");
+    airlock::interpreter::Interpreter::resolve(python.to_str().unwrap()).unwrap().runtime()
+}
+
+#[test]
+fn a_venv_whose_site_would_run_code_keeps_pythons_own_site() {
+    let _guard = shared();
+    // A .pth file with an import line: code `site` runs at every start.
+    let dir = venv_with(&[("airlock_probe.pth", "import sys; sys.airlock_pth_ran = True\n")]);
+    let runtime = venv_runtime(&dir);
+    assert_eq!(runtime.known_site, None, "a .pth file leaves site to Python");
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), runtime).unwrap();
+    let record = sandbox.run("import sys\nprint(sys.flags.no_site, getattr(sys, 'airlock_pth_ran', False))");
+    assert_eq!(ok(&record), "0 True");
+
+    // Without one, the same venv's site is known, and set up by the driver.
+    let dir = venv_with(&[]);
+    let runtime = venv_runtime(&dir);
+    assert_eq!(runtime.known_site.as_deref(), Some(Path::new("/opt/airlock/venv")));
+}
+
+#[test]
+fn a_sitecustomize_on_the_runs_own_pythonpath_still_runs() {
+    let _guard = shared();
+    // The runtime's site is known, but the run's environment names a folder
+    // the supervisor did not look at: the driver hands over to `site`.
+    let mut policy = Policy::default();
+    policy.env.insert("PYTHONPATH".to_owned(), "/work/lib".to_owned());
+    let mut sandbox = Sandbox::with_backend(linux(), policy, data_image()).unwrap();
+    sandbox.write("/work/lib/sitecustomize.py", b"import builtins\nbuiltins.customized = 'yes'\n").unwrap();
+    let record = sandbox.run("import sys\nprint(customized, sys.prefix)");
+    assert_eq!(ok(&record), "yes /opt/airlock/image");
+}
+
+#[test]
+fn a_cold_run_ends_as_an_exit_does_threads_atexit_finalizers_and_open_files_included() {
+    let _guard = shared();
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    // The process ends without the interpreter's teardown; what an exit must
+    // do still happens, in an exit's order.
+    let record = sandbox.run(ENDS_WITH_WORK_LEFT);
+    let out = ok(&record).to_owned();
+    assert_ended_as_an_exit_does(&out, &mut sandbox);
+    // Exit statuses and signals are the code's.
+    assert_eq!(sandbox.run("import sys\nsys.exit(3)").exit_code, Some(3));
+    assert_eq!(sandbox.run("raise SystemExit('bye')").exit_code, Some(1));
+    assert_eq!(sandbox.run("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)").signal, Some(15));
+}
+
+#[test]
+fn the_codes_own_name_is_in_its_tracebacks_warnings_and_nested_code() {
+    let _guard = shared();
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    let code = "import sys, warnings\n\
+                def f():\n    return [g for g in (lambda: 1,)][0].__code__.co_filename\n\
+                print(f(), f.__code__.co_filename, sys.gettrace())\n\
+                warnings.warn('careful')\n\
+                1 / 0\n";
+    let request = RunRequest { display_name: Some("job.py".to_owned()), ..RunRequest::python(code) };
+    let record = sandbox.run_request(&request);
+    assert_eq!(record.stdout.trim(), "job.py job.py None", "{}", record.stderr);
+    assert!(record.stderr.starts_with("job.py:5: UserWarning: careful"), "{}", record.stderr);
+    assert!(record.stderr.contains("File \"job.py\", line 6, in <module>"), "{}", record.stderr);
+    assert_eq!(record.error.as_ref().map(|e| e.line), Some(Some(6)));
+
+    // A syntax error names the code's file, as compile() would.
+    let request = RunRequest { display_name: Some("job.py".to_owned()), ..RunRequest::python("x = (1,\n") };
+    let record = sandbox.run_request(&request);
+    assert!(record.stderr.contains("File \"job.py\", line 1"), "{}", record.stderr);
+    let error = record.error.unwrap();
+    assert_eq!((error.kind.as_str(), error.line), ("SyntaxError", Some(1)));
+}
