@@ -32,6 +32,36 @@ fn a_memory_bomb_is_killed_by_the_kernel_and_reported() {
     assert_nothing_left("");
 }
 
+/// A sandbox's first run's cgroup is made while the sandbox is built: a
+/// first run with limits of its own gets a cgroup of its own (with those
+/// limits), and a sandbox that never runs leaves the one made for it nowhere.
+#[test]
+fn the_cgroup_made_ahead_holds_only_for_a_first_run_with_the_sandboxs_limits() {
+    let _alone = exclusive();
+    let mut policy = Policy::default();
+    policy.limits.memory_bytes = 512 << 20;
+    let mut lower = policy.limits.clone();
+    lower.memory_bytes = 96 << 20;
+    let mut first = sandbox(policy.clone());
+    // Made ahead, for the first run.
+    assert!(!airlock_tests::leftovers("").is_empty(), "no cgroup was made while the sandbox was built");
+    let request = RunRequest {
+        limits: Some(lower),
+        ..RunRequest::python("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))")
+    };
+    let record = first.run_request(&request);
+    assert_eq!(record.status, Status::MemoryLimit, "the run's own lower limit: {record:?}");
+    assert!(record.usage.peak_memory_bytes.unwrap() <= 100 << 20, "{:?}", record.usage);
+    // The sandbox's own limit, for its next run.
+    let record = first.run("x = bytearray(200 << 20)\nprint(len(x) >> 20)");
+    assert_eq!((record.status, record.stdout.trim()), (Status::Ok, "200"), "{record:?}");
+    drop(first);
+    assert_nothing_left("");
+    // Never run: nothing left of its first run's cgroup.
+    drop(sandbox(policy));
+    assert_nothing_left("");
+}
+
 #[test]
 fn filling_the_disk_is_refused_by_the_filesystem() {
     let mut policy = Policy::default();

@@ -27,6 +27,50 @@ fn run(policy: Policy, code: &str, ca: Option<&TestCa>) -> RunRecord {
     sb.run(code)
 }
 
+/// Each run has a network namespace of its own, the host's never: where a
+/// helper made it ahead of the run (as root), as where the run made it. A
+/// namespace is told by its cookie (SO_NETNS_COOKIE, Linux 5.14): its inode
+/// number is reused once it is freed, a cookie never.
+#[test]
+fn each_run_has_a_network_namespace_of_its_own_with_loopback_up() {
+    const SO_NETNS_COOKIE: i32 = 71;
+    let host = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut cookie = 0u64;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a u64 on our stack.
+        let got = unsafe {
+            libc::getsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &raw mut len,
+            )
+        };
+        assert_eq!(got, 0, "SO_NETNS_COOKIE: {}", std::io::Error::last_os_error());
+        cookie.to_string()
+    };
+    let mut sb = sandbox(Policy::default());
+    let probe = "import socket\n\
+                 s = socket.socket(); s.bind(('127.0.0.1', 7777)); s.listen()\n\
+                 socket.create_connection(('127.0.0.1', 7777)).close()\n\
+                 print(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 71, 8), 'little'))";
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let record = sb.run(probe);
+        assert_eq!(record.status, Status::Ok, "{record:?}");
+        seen.push(record.stdout.trim().to_owned());
+    }
+    let record = sandbox(Policy::default()).run(probe);
+    seen.push(record.stdout.trim().to_owned());
+    let mut distinct = seen.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), seen.len(), "runs shared a network namespace: {seen:?}");
+    assert!(!seen.contains(&host), "a run was in the host's network namespace ({host}): {seen:?}");
+}
+
 const FETCH: &str = r#"
 import json, sys, urllib.request, urllib.error
 def fetch(url):

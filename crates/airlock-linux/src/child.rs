@@ -41,16 +41,22 @@ const JOINED_NAMESPACES: [(&str, LinkNameSpaceType); 6] = [
     ("mnt", LinkNameSpaceType::Mount),
 ];
 
-/// The helper's `main`.
-pub fn main() -> ! {
+/// The argument of a helper started ahead of a run's request (`spare`): it
+/// makes the run's network namespace while it waits (see
+/// [`network::make_ahead_of_run`]).
+pub const RUN_SPARE_ARG: &str = "run-spare";
+
+/// The helper's `main`; `run_spare` when started with [`RUN_SPARE_ARG`].
+pub fn main(run_spare: bool) -> ! {
     let socket = match take_socket() {
         Ok(socket) => socket,
         // No supervisor to tell: it gave us no socket.
         Err(_) => std::process::exit(125),
     };
+    let own_network = run_spare && network::make_ahead_of_run();
     let outcome = match protocol::recv_request(socket.as_fd()) {
         Ok((Request::Setup(plan), _)) => setup(&plan, socket.as_fd()),
-        Ok((Request::Run(plan), fds)) => run(&plan, fds, socket.as_fd()),
+        Ok((Request::Run(plan), fds)) => run(&plan, fds, socket.as_fd(), own_network),
         Ok((Request::Open(plan), fds)) => copy::open_for_supervisor(&plan, fds, socket.as_fd()),
         Err(e) => Err(Failure::plain("read the request", e.to_string())),
     };
@@ -168,14 +174,16 @@ impl RunFds {
 /// its root), then, when the supervisor releases it, the code. The helper
 /// stays outside the run: the parent of both, which no process of the run
 /// can name, signal, trace or limit; it sees how the code ends and says so.
-fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), Failure> {
+/// Makes a run and watches it; `own_network` when this helper made the
+/// run's network namespace ahead of the request and is in it.
+fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>, own_network: bool) -> Result<(), Failure> {
     let fds = RunFds::take(plan, fds)?;
     process::die_with_parent(Some(plan.supervisor_pid))?;
     userns::drop_supplementary_groups()?;
     userns::join(&fds.user_ns, &fds.mount_ns)?;
     let exec = process::Exec::new(&plan.argv, &plan.env, &plan.cwd)?;
 
-    let mut init = start_init(plan, &fds)?;
+    let mut init = start_init(plan, &fds, own_network)?;
     protocol::send(socket, &Reply::Started { pid1: init.child.pid }, &[init.child.pidfd.as_fd()])
         .map_err(|e| Failure::new("report the sandbox's init", "", &e))?;
     let handed = init.wait_ready()?;
@@ -188,7 +196,7 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>) -> Result<(), 
     if plan.hold_for_release {
         wait_for_release(socket)?;
     }
-    let code = start_code(plan, &exec, fds, &init)?;
+    let code = start_code(plan, &exec, fds, &init, own_network)?;
     let reply =
         Reply::CodeStarted { code_pid: code.child.pid, layers: code.layers.clone(), landlock_abi: sys::landlock_abi() };
     protocol::send(socket, &reply, &[]).map_err(|e| Failure::new("report the code's start", "", &e))?;
@@ -244,19 +252,21 @@ impl Init {
 }
 
 /// Makes the run's init in new PID, mount (a copy of the sandbox's),
-/// network, IPC and UTS namespaces, in the run's cgroup.
-fn start_init(plan: &RunPlan, fds: &RunFds) -> Result<Init, Failure> {
+/// network (unless `own_network`: the helper's own, made for the run),
+/// IPC and UTS namespaces, in the run's cgroup.
+fn start_init(plan: &RunPlan, fds: &RunFds, own_network: bool) -> Result<Init, Failure> {
     let step = "create the run's namespaces";
     let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
         .map_err(|e| Failure::new(step, "socketpair", &e.into()))?;
     let (alive_read, alive_write) = process::lifeline()?;
+    let namespaces = if own_network { RUN_NAMESPACES & !(libc::CLONE_NEWNET as u64) } else { RUN_NAMESPACES };
     // SAFETY: the helper is single-threaded (a fresh exec that starts no threads).
-    match unsafe { sys::clone_with_namespaces(RUN_NAMESPACES, fds.clone_into(plan)) }
+    match unsafe { sys::clone_with_namespaces(namespaces, fds.clone_into(plan)) }
         .map_err(|e| Failure::new(step, "clone3", &e))?
     {
         Forked::Child => {
             drop((ours, alive_write));
-            let Err(failure) = sandbox_init(plan, fds.tasks(plan), theirs.as_fd(), alive_read);
+            let Err(failure) = sandbox_init(plan, fds.tasks(plan), theirs.as_fd(), alive_read, own_network);
             let _ = protocol::send(theirs.as_fd(), &Reply::Failed(failure), &[]);
             std::process::exit(125);
         }
@@ -277,6 +287,7 @@ fn sandbox_init(
     tasks: &[OwnedFd],
     helper: BorrowedFd<'_>,
     parent_alive: OwnedFd,
+    own_network: bool,
 ) -> Result<Infallible, Failure> {
     // Before anything is made: all of it belongs to the sandbox's user.
     userns::become_sandbox_user()?;
@@ -293,7 +304,9 @@ fn sandbox_init(
     process::not_dumpable()?;
     rustix::system::sethostname(plan.hostname.as_bytes())
         .map_err(|e| Failure::new("set the hostname", "", &e.into()))?;
-    network::loopback_up()?;
+    if !own_network {
+        network::loopback_up()?;
+    }
     let proxy = plan.proxy_listener.then(network::listen_proxy).transpose()?;
     let fifos: Vec<&str> =
         [(plan.report_fifo, REPORT_FILE), (plan.ready_fifo, READY_FILE), (plan.code_fifo, CODE_FIFO)]
@@ -324,7 +337,13 @@ struct Code {
 
 /// Makes the code's process, the helper's child, in the run's PID namespace,
 /// and waits until it has executed the program.
-fn start_code(plan: &RunPlan, exec: &process::Exec, fds: RunFds, init: &Init) -> Result<Code, Failure> {
+fn start_code(
+    plan: &RunPlan,
+    exec: &process::Exec,
+    fds: RunFds,
+    init: &Init,
+    own_network: bool,
+) -> Result<Code, Failure> {
     let step = "start the code";
     // Children made from here on are born in the init's PID namespace.
     let (pid_ns, joined) = init.namespaces.split_first().ok_or_else(|| Failure::plain(step, "no namespaces"))?;
@@ -338,7 +357,7 @@ fn start_code(plan: &RunPlan, exec: &process::Exec, fds: RunFds, init: &Init) ->
     {
         Forked::Child => {
             drop((alive_write, setup_read));
-            let Err(failure) = code_process(plan, exec, &fds, joined, alive_read, setup_write.as_fd());
+            let Err(failure) = code_process(plan, exec, &fds, joined, alive_read, setup_write.as_fd(), own_network);
             process::report_setup(setup_write.as_fd(), &CodeSetup::Failed(failure));
             std::process::exit(127);
         }
@@ -361,13 +380,18 @@ fn code_process(
     namespaces: &[OwnedFd],
     parent_alive: OwnedFd,
     setup: BorrowedFd<'_>,
+    own_network: bool,
 ) -> Result<Infallible, Failure> {
     userns::become_sandbox_user()?;
     process::die_with_parent(None)?;
     process::exit_if_parent_gone(parent_alive)?;
     cgroup::enter_self(fds.tasks(plan))?;
-    // The rest of the init's namespaces, its root last.
-    for (fd, (kind, ns)) in namespaces.iter().zip(&JOINED_NAMESPACES[1..]) {
+    // The rest of the init's namespaces, its root last. A network
+    // namespace the helper made ahead is the init's and already this
+    // process's (and belongs to the host's user namespace, which this
+    // process could not join it through).
+    let joined = namespaces.iter().zip(&JOINED_NAMESPACES[1..]);
+    for (fd, (kind, ns)) in joined.filter(|(_, (kind, _))| !(own_network && *kind == "net")) {
         move_into_link_name_space(fd.as_fd(), Some(*ns))
             .map_err(|e| Failure::new("join the run's namespaces", *kind, &e.into()))?;
     }

@@ -47,6 +47,12 @@ pub struct LinuxInstance {
     /// A helper started while the sandbox was built, for its first run
     /// when that run is made on the same thread (see `spare`).
     pub(crate) run_helper: std::sync::Mutex<Option<crate::spare::SpareHelper>>,
+    /// The cgroup of the sandbox's first run, made while the helper built
+    /// the sandbox (the supervisor waits then anyway), with the limits it
+    /// was made with: the first run takes it when its limits are the same,
+    /// and any other run makes its own. Removed with the sandbox if no run
+    /// took it.
+    pub(crate) first_cgroup: std::sync::Mutex<Option<(CgroupLimits, Box<dyn RunCgroup>)>>,
     /// The sandbox's host ids, held while it lives; last, so they are given
     /// back only once the namespaces above are closed.
     pub(crate) host_id: crate::hostid::HostId,
@@ -263,20 +269,15 @@ impl LinuxInstance {
             native_library: false,
         };
 
-        let mut cgroup: Option<Box<dyn RunCgroup>> = match &self.cgroups {
-            Some(h) => Some(
-                h.create(&CgroupLimits {
-                    memory_bytes: limits.memory_bytes,
-                    // The pids limit is the code's, on top of the run's init.
-                    pids: limits.pids + AIRLOCK_PROCESSES,
-                    cpus: limits.cpus,
-                })
-                .map_err(|e| SandboxError::Setup {
-                    step: "create the run's cgroup".to_owned(),
-                    detail: e.to_string(),
-                })?,
-            ),
-            None => None,
+        let cgroup_limits = run_cgroup_limits(limits);
+        let made_before = self.first_cgroup.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let mut cgroup: Option<Box<dyn RunCgroup>> = match (&self.cgroups, made_before) {
+            (Some(_), Some((made_with, made))) if made_with == cgroup_limits => Some(made),
+            (Some(h), _) => Some(h.create(&cgroup_limits).map_err(|e| SandboxError::Setup {
+                step: "create the run's cgroup".to_owned(),
+                detail: e.to_string(),
+            })?),
+            (None, _) => None,
         };
         let lifetime = |limit| if template { crate::forked::TEMPLATE_LIFETIME } else { limit };
         let watch = Watch {
@@ -349,6 +350,16 @@ impl LinuxInstance {
             }
         }
         Ok(self.execution(observed, stats, cgroup_version, &caps, proxy, failures))
+    }
+}
+
+/// The cgroup limits of a run with `limits`.
+pub(crate) fn run_cgroup_limits(limits: &airlock_policy::Limits) -> CgroupLimits {
+    CgroupLimits {
+        memory_bytes: limits.memory_bytes,
+        // The pids limit is the code's, on top of the run's init.
+        pids: limits.pids + AIRLOCK_PROCESSES,
+        cpus: limits.cpus,
     }
 }
 

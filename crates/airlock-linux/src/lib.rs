@@ -198,9 +198,17 @@ impl Backend for LinuxBackend {
             layout,
             binds,
         };
+        let cgroups = if degraded.contains(&Layer::Cgroups) { None } else { state.cgroups.clone().ok() };
+        let building = start_setup(&helper, plan, spare, true);
+        // While the helper builds: the cgroup of the sandbox's first run,
+        // made now rather than after the sandbox is handed over (see
+        // `LinuxInstance::first_cgroup`). A failure here is the run's to
+        // meet again, and to report.
+        let limits = instance::run_cgroup_limits(&policy.limits);
+        let first_cgroup = cgroups.as_ref().and_then(|h| h.create(&limits).ok()).map(|made| (limits, made));
         // A sandbox that cannot be made may mean the host changed since a
         // remembered trial: the next start probes again, and names the fix.
-        let (made, run_helper) = setup(&helper, plan, spare, true).inspect_err(|_| probe::forget_trial())?;
+        let (made, run_helper) = building.and_then(Building::finish).inspect_err(|_| probe::forget_trial())?;
         let Made { fds: [user_ns, mount_ns, stage, work, tmp], host_paths_shown, helpers } = made;
         let files = confine::file_access(&host_id.mapping, &helper, &user_ns)?;
         for (name, content) in &runtime.tmp_seed {
@@ -208,7 +216,6 @@ impl Backend for LinuxBackend {
             let path = SandboxPath::parse(name)?;
             copy::write(&files, tmp.as_fd(), &path, content)?;
         }
-        let cgroups = if degraded.contains(&Layer::Cgroups) { None } else { state.cgroups.clone().ok() };
         let mut details = std::collections::BTreeMap::new();
         details.insert("host_ids".to_owned(), host_id.mapping.describe());
         if !host_paths_shown.is_empty() {
@@ -238,6 +245,7 @@ impl Backend for LinuxBackend {
             details,
             ending: std::sync::Mutex::new(helpers),
             run_helper: std::sync::Mutex::new(run_helper),
+            first_cgroup: std::sync::Mutex::new(first_cgroup),
             host_id,
         }))
     }
@@ -303,37 +311,54 @@ struct Made {
     helpers: Vec<supervise::Ending>,
 }
 
-/// Runs the helper's setup (in `spare`, where this thread started one) and
-/// returns the sandbox. With `spare_for_run`, a helper for the sandbox's
-/// first run is started while this one builds (see `spare`) and returned too.
-fn setup(
+/// A setup sent to its helper, not yet handed back ([`Building::finish`]).
+pub(crate) struct Building {
+    ending: supervise::Ending,
+    socket: OwnedFd,
+    refused: Option<supervise::Ending>,
+    /// The helper for the sandbox's first run, started while this one builds.
+    next: Option<spare::SpareHelper>,
+}
+
+/// Sends `plan` to a helper (`spare`, where this thread started one), and
+/// with `spare_for_run` starts a helper for the sandbox's first run while
+/// it builds (see `spare`). The sandbox comes from [`Building::finish`].
+pub(crate) fn start_setup(
     helper: &Path,
     plan: SetupPlan,
     spare: Option<spare::SpareHelper>,
     spare_for_run: bool,
-) -> Result<(Made, Option<spare::SpareHelper>), SandboxError> {
-    let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
-    let spare::Started { child, socket: ours, refused } = spare::HelperSource { path: helper, spare }
+) -> Result<Building, SandboxError> {
+    let spare::Started { child, socket, refused } = spare::HelperSource { path: helper, spare }
         .start()
         .map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
-    let sent = protocol::send_request(ours.as_fd(), &Request::Setup(plan), &[]);
-    let next = if spare_for_run && sent.is_ok() { spare::SpareHelper::start(helper) } else { None };
-    let reply = sent.and_then(|()| supervise::recv_within(ours.as_fd(), supervise::SETUP_TIMEOUT));
-    // Killed and reaped unless it handed the sandbox over: a helper stuck (on
+    // Killed and reaped unless it hands the sandbox over: a helper stuck (on
     // a hung mount, say) must not hold the caller forever.
     let ending = supervise::Ending(child);
-    match reply {
-        Ok(Some((Reply::SetupDone { host_paths_shown }, fds))) => fds
-            .try_into()
-            .map(|fds| {
-                (Made { fds, host_paths_shown, helpers: std::iter::once(ending).chain(refused).collect() }, next)
-            })
-            .map_err(|fds: Vec<OwnedFd>| step(format!("the helper handed over {} descriptors, not 5", fds.len()))),
-        Ok(Some((Reply::Failed(failure), _))) => {
-            Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() })
+    protocol::send_request(socket.as_fd(), &Request::Setup(plan), &[])
+        .map_err(|e| SandboxError::io("talking to the helper", e))?;
+    let next = if spare_for_run { spare::SpareHelper::start_for_run(helper) } else { None };
+    Ok(Building { ending, socket, refused, next })
+}
+
+impl Building {
+    /// The sandbox, as the helper hands it over, and the first run's helper.
+    pub(crate) fn finish(self) -> Result<(Made, Option<spare::SpareHelper>), SandboxError> {
+        let step = |detail: String| SandboxError::Setup { step: "create the sandbox".to_owned(), detail };
+        let Building { ending, socket, refused, next } = self;
+        match supervise::recv_within(socket.as_fd(), supervise::SETUP_TIMEOUT) {
+            Ok(Some((Reply::SetupDone { host_paths_shown }, fds))) => fds
+                .try_into()
+                .map(|fds| {
+                    (Made { fds, host_paths_shown, helpers: std::iter::once(ending).chain(refused).collect() }, next)
+                })
+                .map_err(|fds: Vec<OwnedFd>| step(format!("the helper handed over {} descriptors, not 5", fds.len()))),
+            Ok(Some((Reply::Failed(failure), _))) => {
+                Err(SandboxError::Setup { step: failure.step.clone(), detail: failure.to_string() })
+            }
+            Ok(Some((other, _))) => Err(step(format!("unexpected reply {other:?}"))),
+            Ok(None) => Err(step("the helper exited without a word".to_owned())),
+            Err(e) => Err(SandboxError::io("talking to the helper", e)),
         }
-        Ok(Some((other, _))) => Err(step(format!("unexpected reply {other:?}"))),
-        Ok(None) => Err(step("the helper exited without a word".to_owned())),
-        Err(e) => Err(SandboxError::io("talking to the helper", e)),
     }
 }

@@ -1,14 +1,16 @@
 //! A helper started before its request is ready, so that its exec and
 //! start-up overlap the supervisor's own work on the other CPU.
 //!
-//! Each start of `airlock-init` costs about a millisecond before the helper
-//! reads a byte: the kernel's exec, the dynamic loader, glibc's CPU feature
-//! detection (each `cpuid` traps in a VM). A cold run has two such starts on
-//! its path, one after the other: the helper that makes the sandbox, then the
-//! helper that makes the run. A spare takes that millisecond off the path:
-//! the backend starts one while it probes the host (the setup's helper, used
-//! once the plan is ready), and the setup starts one while the sandbox is
-//! built (the run's helper).
+//! Each start of `airlock-init` costs time before the helper reads a byte:
+//! the kernel's exec, and where it is built for glibc the dynamic loader and
+//! glibc's CPU feature detection (each `cpuid` traps in a VM): about a
+//! millisecond, against 0.2 ms for the static musl build airlock-build makes
+//! where it can. A cold run has two such starts on its path, one after the
+//! other: the helper that makes the sandbox, then the helper that makes the
+//! run. A spare takes them off the path: the backend starts one while it
+//! probes the host (the setup's helper, used once the plan is ready), and
+//! the setup starts one while the sandbox is built (the run's helper), which
+//! makes the run's network namespace while it waits (see `network`).
 //!
 //! A spare is an ordinary helper, started as [`spawn_helper`] starts every
 //! helper, that has not been sent its request yet: it closes everything but
@@ -46,7 +48,17 @@ impl SpareHelper {
     /// Starts `helper`; `None` if it cannot be (the helper started in its
     /// place, when one is needed, then names the error).
     pub(crate) fn start(helper: &Path) -> Option<SpareHelper> {
-        let started = spawn_helper(helper, &[]).ok()?;
+        SpareHelper::spawn(helper, &[])
+    }
+
+    /// Starts `helper` for a run: it makes the run's network namespace
+    /// while it waits ([`crate::child::RUN_SPARE_ARG`]).
+    pub(crate) fn start_for_run(helper: &Path) -> Option<SpareHelper> {
+        SpareHelper::spawn(helper, &[crate::child::RUN_SPARE_ARG])
+    }
+
+    fn spawn(helper: &Path, args: &[&str]) -> Option<SpareHelper> {
+        let started = spawn_helper(helper, args).ok()?;
         Some(SpareHelper {
             started: Some(started),
             path: helper.to_owned(),

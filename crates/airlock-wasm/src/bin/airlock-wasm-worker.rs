@@ -13,5 +13,5 @@ fn main() {
     if first.is_some_and(|arg| arg == airlock_linux::HOLD_ARG) {
         airlock_linux::hold()
     }
-    airlock_linux::child::main()
+    airlock_linux::child::main(false)
 }
