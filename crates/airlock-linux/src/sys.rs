@@ -227,12 +227,14 @@ pub fn loopback_up() -> io::Result<()> {
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
         *dst = *src as libc::c_char;
     }
+    // (The request's type is the C library's: an unsigned long in glibc, an
+    // int in musl, whose static build of the helper starts fastest.)
     // SAFETY: SIOCGIFFLAGS reads into `req`, a valid ifreq naming "lo".
-    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &raw mut req) }.into())?;
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &raw mut req) }.into())?;
     // SAFETY: reading the flags union member SIOCGIFFLAGS just filled.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: SIOCSIFFLAGS reads `req`, a valid ifreq.
-    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &raw const req) }.into()).map(drop)
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &raw const req) }.into()).map(drop)
 }
 
 /// The Landlock ABI version of the running kernel, or `None` without Landlock.
