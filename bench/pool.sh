@@ -7,7 +7,7 @@
 # modules at start-up). Paired A B A B, order swapped each round, in one
 # process (crates/airlock/examples/pool_bench.rs). Goal: pooled <= 0.1x bare.
 #
-# usage: bench/pool.sh [ROUNDS]      (builds the example and the helper in release;
+# usage: bench/pool.sh [ROUNDS]      (builds the example, the command and its helper in release;
 #                                     PROFILE=debug uses the debug build instead)
 # Results go to bench/results/pool-pandas.json and are summarised on stdout.
 set -euo pipefail
@@ -16,12 +16,12 @@ rounds=${1:-30}
 profile=${PROFILE:-release}
 flag=--release
 [ "$profile" = debug ] && flag=
-cargo build $flag -q -p airlock-linux --bin airlock-init
+# The command's build puts the helper beside it (crates/airlock-build).
+cargo build $flag -q -p airlock-cli
 cargo build $flag -q -p airlock --example pool_bench
 export AIRLOCK_INIT=$PWD/target/$profile/airlock-init
 export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-bench-home}
 if [ ! -d "$AIRLOCK_HOME/images" ]; then
-  cargo build $flag -q -p airlock-cli --bin airlock
   target/$profile/airlock image build python-data >&2
 fi
 work=$(mktemp -d)
