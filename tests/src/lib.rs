@@ -327,6 +327,7 @@ print("main done")
 /// file it left open flushed, its thread's work done.
 pub fn assert_ended_as_an_exit_does(stdout: &str, sandbox: &mut Sandbox) {
     let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.len() >= 2, "{stdout}");
     assert_eq!(lines[..2], ["main done", "atexit ran"], "{stdout}");
     let mut finalized = lines[2..].to_vec();
     finalized.sort_unstable();

@@ -104,10 +104,19 @@ fn a_venv_whose_site_would_run_code_keeps_pythons_own_site() {
     let record = sandbox.run("import sys\nprint(sys.flags.no_site, getattr(sys, 'airlock_pth_ran', False))");
     assert_eq!(ok(&record), "0 True");
 
-    // Without one, the same venv's site is known, and set up by the driver.
+    // Without one, the same venv's site is known, and set up by the driver,
+    // unless the interpreter's own library holds a sitecustomize (Debian's
+    // /usr/bin/python3 does), which site would run.
     let dir = venv_with(&[]);
     let runtime = venv_runtime(&dir);
-    assert_eq!(runtime.known_site.as_deref(), Some(Path::new("/opt/airlock/venv")));
+    let probe = "import importlib.util, sys; print(importlib.util.find_spec('sitecustomize') is not None)";
+    let base =
+        std::process::Command::new(dir.path().join("venv/bin/python")).args(["-I", "-c", probe]).output().unwrap();
+    let expected = match String::from_utf8_lossy(&base.stdout).trim() {
+        "False" => Some(Path::new("/opt/airlock/venv")),
+        _ => None,
+    };
+    assert_eq!(runtime.known_site.as_deref(), expected);
 }
 
 #[test]
@@ -138,6 +147,39 @@ fn a_cold_run_ends_as_an_exit_does_threads_atexit_finalizers_and_open_files_incl
     assert_eq!(sandbox.run("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)").signal, Some(15));
 }
 
+/// The compile without compile() (driver.py, `_compile`) takes the code's
+/// own frame only: an import the compiler makes on the way (a named
+/// character escape needs unicodedata, a coding cookie its codec) runs as
+/// it would, and the code's `__future__` imports hold.
+#[test]
+fn code_that_makes_the_compiler_import_compiles_as_compile_would() {
+    let _guard = shared();
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    let record = sandbox.run("print('\\N{BULLET} item')");
+    assert_eq!(ok(&record), "\u{2022} item");
+    let record = sandbox.run("# -*- coding: cp1252 -*-\nimport sys\nprint('cookie', sys.flags.no_site)");
+    assert_eq!(ok(&record), "cookie 1");
+    let record =
+        sandbox.run("from __future__ import annotations\ndef f(x: not_defined): pass\nprint(f.__annotations__)");
+    assert_eq!(ok(&record), "{'x': 'not_defined'}");
+    let record = sandbox.run("import re\nm = re.match('\\d+', '42')\nm.group()");
+    assert_eq!((record.status, record.value.as_deref()), (Status::Ok, Some("'42'")), "{record:?}");
+}
+
+/// A finalizer that runs at the end sees the module's globals, as at a
+/// normal exit; a stdout that cannot be flushed at the end fails the run
+/// with Python's status for it, 120, and says so.
+#[test]
+fn the_end_keeps_globals_for_finalizers_and_a_failed_flush_is_not_silent() {
+    let _guard = shared();
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    let code = "import os\nclass Saver:\n    def __del__(self):\n        os.write(1, b'saved\\n')\ns = Saver()\n";
+    assert_eq!(ok(&sandbox.run(code)), "saved");
+    let record = sandbox.run("import sys\nsys.stdout = open('/dev/full', 'w')\nprint('lost')");
+    assert_eq!(record.exit_code, Some(120), "{record:?}");
+    assert!(record.stderr.contains("Exception ignored in"), "{}", record.stderr);
+}
+
 #[test]
 fn the_codes_own_name_is_in_its_tracebacks_warnings_and_nested_code() {
     let _guard = shared();
@@ -153,6 +195,12 @@ fn the_codes_own_name_is_in_its_tracebacks_warnings_and_nested_code() {
     assert!(record.stderr.starts_with("job.py:5: UserWarning: careful"), "{}", record.stderr);
     assert!(record.stderr.contains("File \"job.py\", line 6, in <module>"), "{}", record.stderr);
     assert_eq!(record.error.as_ref().map(|e| e.line), Some(Some(6)));
+
+    // A warning the compiler gives names the code's file too.
+    let request =
+        RunRequest { display_name: Some("job.py".to_owned()), ..RunRequest::python("x = 1\nif x is 1: pass\n") };
+    let record = sandbox.run_request(&request);
+    assert!(record.stderr.contains("job.py:2: SyntaxWarning"), "{}", record.stderr);
 
     // A syntax error names the code's file, as compile() would.
     let request = RunRequest { display_name: Some("job.py".to_owned()), ..RunRequest::python("x = (1,\n") };

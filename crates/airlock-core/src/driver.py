@@ -105,6 +105,13 @@ def _run():
         with open(code_path, "rb") as f:
             source = f.read()
 
+    # What exists before the code's module (the interpreter's own objects,
+    # the driver's, a warm driver's preload) is left out of the collector's
+    # work from here on, for the code's own collections and the one at its
+    # end (_end): it all lives until the process ends, and a fork of a
+    # template then never writes to those pages (each collection would
+    # have, to its copy of the template's).
+    gc.freeze()
     # The user's code runs as __main__, in a module of its own, as with `python script.py`.
     main = type(sys)("__main__")
     main.__file__ = display_name
@@ -123,13 +130,6 @@ def _run():
     exit_code = 0
     try:
         body, last = _split_last_expression(source, display_name)
-        # What exists before the code's first instruction (the interpreter's
-        # own objects, the driver's, a warm driver's preload) is left out of
-        # the collector's work from here on, for the code's own collections
-        # and the one at its end (_end): it all lives until the process
-        # ends, and a fork of a template then never writes to those pages
-        # (each collection would have, to its copy of the template's).
-        gc.freeze()
         if ready is not None:
             ready.write(b"C")
             ready.close()
@@ -363,6 +363,19 @@ class _Compiled(BaseException):
     """Stops a code's frame before its first instruction (_compile)."""
 
 
+class _Listener:
+    """A stand-in for sys.stderr that notes whether anything was written."""
+
+    heard = False
+
+    def write(self, text):
+        self.heard = True
+        return len(text)
+
+    def flush(self):
+        pass
+
+
 def _compile(source, filename, mode):
     """What compile(source, filename, mode, dont_inherit=True) returns,
     without what the builtin costs at its first call.
@@ -370,33 +383,49 @@ def _compile(source, filename, mode):
     compile() first asks whether its source is an AST, which makes the
     hundred-odd node types of the `ast` module: about 1.5 ms here, a tenth
     of a cold `print(1+1)`. exec and eval compile a string without asking
-    (naming it "<string>"). So the source goes to exec or eval with a trace
-    function that takes the new frame's code at the frame's start, before
-    its first instruction, and stops it there; the code is then given
-    `filename`, its nested code too, as the import system renames the code
-    of a .pyc. A syntax error is raised as compile() raises it, naming
-    `filename`. (The driver's own code holds no __future__ import for exec
-    to pass on.)"""
+    (naming it "<string>"). So the source goes to exec or eval, into a
+    namespace of its own, with a trace function that takes the code's frame
+    at its start, before its first instruction, and stops it there: the one
+    frame exec or eval makes for it, in that namespace, called from here.
+    Any other frame that starts meanwhile (an import the compiler makes for
+    a named character escape or an unknown coding cookie, a finalizer the
+    collector runs) goes on untraced. The code is then given `filename`,
+    its nested code too, as the import system renames the code of a .pyc.
+    A syntax error is raised as compile() raises it, naming `filename`.
+    What the compiler says on the way (a SyntaxWarning) would name
+    "<string>": then compile() is asked after all, and says it under the
+    code's name. (The driver's own code holds no __future__ import for exec
+    to pass on; a trace function set before is set again after.)"""
     import _imp
 
+    namespace = {}
+    here = sys._getframe()
     taken = []
 
     def take(frame, event, arg):
-        taken.append(frame.f_code)
-        raise _Compiled
+        if frame.f_globals is namespace and frame.f_back is here:
+            taken.append(frame.f_code)
+            raise _Compiled
+        return None
 
+    earlier, stderr, listener = sys.gettrace(), sys.stderr, _Listener()
+    sys.stderr = listener
     sys.settrace(take)
     try:
-        (exec if mode == "exec" else eval)(source, {})
+        (exec if mode == "exec" else eval)(source, namespace)
     except _Compiled:
         pass
     except SyntaxError as error:
         if error.filename == "<string>":
             error.filename = filename
-            error.args = (error.msg, (filename, error.lineno, error.offset, error.text, error.end_lineno, error.end_offset))
+            if len(error.args) > 1 and isinstance(error.args[1], tuple):
+                error.args = (error.msg, (filename,) + tuple(error.args[1][1:]))
         raise
     finally:
-        sys.settrace(None)
+        sys.settrace(earlier)
+        sys.stderr = stderr
+    if listener.heard or not taken:
+        return compile(source, filename, mode, dont_inherit=True)
     code = taken[0]
     _imp._fix_co_filename(code, filename)
     return code
@@ -413,11 +442,26 @@ def _exit_code(exc):
 
 
 def _flush_streams():
-    for stream in (sys.stdout, sys.stderr):
+    """Flushes the standard streams as an exit does. False when one could
+    not be flushed (the exit status is then 120, as Python's), a failure to
+    flush stdout (a full disk under a redirected stdout, say) reported on
+    stderr as Python reports it."""
+    flushed = True
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name, None)
+        if stream is None or getattr(stream, "closed", False):
+            continue
         try:
             stream.flush()
-        except Exception:
-            pass
+        except Exception as error:
+            flushed = False
+            if name == "stdout":
+                try:
+                    sys.stderr.write("Exception ignored in: %r\n%s: %s\n" % (stream, type(error).__name__, error))
+                    sys.stderr.flush()
+                except Exception:
+                    pass
+    return flushed
 
 
 def _end(exit_code):
@@ -426,37 +470,52 @@ def _end(exit_code):
     the teardown of every module costs more than a small job (cold, after
     `import pandas`: about 50 ms of 320 here; with a warm driver's preload,
     300 to 600 ms). First what an exit must still do, in a normal exit's
-    order: wait for the code's threads, run its atexit functions, let its
-    objects go (the code's module is cleared, so a file it left open is
-    flushed and closed, and what it made is collected, so that objects in
-    reference cycles are finalized too; gc.freeze in _run keeps the
-    collection to what the code made), flush the streams. Not finalized, as
-    CPython does not promise either: objects still held by other modules (a
-    library's caches, a helper module's globals). Finalizers may run in
-    another order than a full teardown's.
+    order: wait for the code's threads, run its atexit functions, then let
+    the code's objects go as Python's exit lets them go:
 
-    In a fork of a template the collection takes the young generations
+    - a collection of the young generations, while the code's module is
+      whole, finalizes what the run left lately in reference cycles (a
+      `Cycle()` whose result was dropped), its finalizers finding the
+      module's globals bound (young only: each full collection walks every
+      object the run made, 6 to 8 ms after `import pandas`);
+    - the module leaves sys.modules, and its names go one by one, the last
+      bound first, so that a finalizer of an object bound late still finds
+      what was bound before it (the modules it imported, its classes), and
+      a file left open is flushed and closed as its name goes;
+    - a full collection finalizes the cycles the module's names held, and
+      what older garbage remains.
+
+    Then the streams are flushed (the exit status is 120 if that fails, as
+    Python's). gc.freeze in _run keeps each collection to what the run
+    made. Not finalized, as CPython does not promise either: what other
+    modules still hold (a library's caches, a helper module's globals).
+
+    In a fork of a template the collections take the young generations
     only: a full one also empties the interpreter's free lists, inherited
     from the template, which copies their pages (0.6 ms of a forked
-    `print(1+1)` here). What a run made lives in them unless the collector
-    moved it on during the run: a long forked run's oldest cycles are left,
-    as its process ends anyway."""
+    `print(1+1)` here). A long forked run's objects the collector moved to
+    the oldest generation during the run are then not finalized at its end
+    (and a file only such a cycle holds is not flushed)."""
     threading = sys.modules.get("threading")
     if threading is not None:
         try:
             threading._shutdown()
-        except Exception:
+        except BaseException:
             pass
     import atexit
     import posix
 
     atexit._run_exitfuncs()
-    main = sys.modules.get("__main__")
+    gc.collect(1)
+    main = sys.modules.pop("__main__", None)
     if main is not None:
-        main.__dict__.clear()
+        names = main.__dict__
+        for name in reversed(list(names)):
+            if name != "__builtins__":
+                names.pop(name, None)
+        del main, names
     gc.collect(1 if _FORKED else 2)
-    _flush_streams()
-    posix._exit(exit_code)
+    posix._exit(exit_code if _flush_streams() else 120)
 
 
 def _libc():
