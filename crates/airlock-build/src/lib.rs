@@ -5,7 +5,8 @@
 //! scripts, the same way:
 //!
 //! 1. the copy already in the build's profile folder (`target/release`),
-//!    when it is newer than every source it is built from: the usual case,
+//!    when it is newer than every source it is built from (and, for the
+//!    helper where the musl target is installed, static): the usual case,
 //!    and it costs nothing;
 //! 2. else a build of its package by a nested cargo, `cargo build --release
 //!    -p PACKAGE`, in `target/shipped-binaries` (kept between builds, so a
@@ -19,7 +20,10 @@
 //! again and again, each one a trap in a virtual machine. Measured here, a
 //! start of the glibc helper costs 1.1 to 1.6 ms of CPU, of the static musl
 //! one 0.15 ms (`perf stat -r 300`), and a cold `airlock run` starts two.
-//! Elsewhere it is built for the host's own target, as before.
+//! Elsewhere, or where that build fails (a cross build without a musl
+//! linker), it is built for the host's own target, as before, with a build
+//! warning. (The profile folder is found from OUT_DIR, as cargo lays it out
+//! by default: a `build-dir` of its own would need another way.)
 //!
 //! Cargo cannot depend on another package's binary, hence a nested cargo;
 //! and the helper's own `[[bin]]` needs the feature `helper-bin`, so that the
@@ -86,10 +90,27 @@ pub fn provide(workspace: &Path, shipped: &Shipped) -> Result<PathBuf, String> {
     let in_profile = profile_dir()?.join(shipped.binary);
     println!("cargo:rerun-if-changed={}", in_profile.display());
     let newest_source = sources.iter().filter_map(|s| newest(&workspace.join(s))).max();
-    if modified(&in_profile).zip(newest_source).is_some_and(|(built, source)| built > source) {
+    let host = env::var("TARGET").map_err(|_| "cargo did not set TARGET")?;
+    let musl = musl_twin(&host).filter(|musl| shipped.static_where_possible && target_installed(musl));
+    let fresh = modified(&in_profile).zip(newest_source).is_some_and(|(built, source)| built > source);
+    if fresh && (musl.is_none() || is_static(&in_profile)) {
         return Ok(in_profile);
     }
-    build_nested(&manifest, shipped)
+    if let Some(musl) = &musl {
+        match build_nested(&manifest, shipped, musl) {
+            Ok(built) => return Ok(built),
+            Err(why) => {
+                println!("cargo:warning={} is built for {host}: its build for {musl} failed: {why}", shipped.binary)
+            }
+        }
+    } else if let Some(musl) = musl_twin(&host).filter(|_| shipped.static_where_possible) {
+        println!(
+            "cargo:warning={} is built for {host}: `rustup target add {musl}` makes it static, and its every \
+             start about a millisecond faster",
+            shipped.binary
+        );
+    }
+    build_nested(&manifest, shipped, &host)
 }
 
 /// The profile folder of the build this script is part of (`target/release`).
@@ -111,20 +132,8 @@ pub fn install(built: &Path, to: &Path) -> Result<(), String> {
         .map_err(|e| format!("copying {} to {}: {e}", built.display(), to.display()))
 }
 
-fn build_nested(manifest: &Path, shipped: &Shipped) -> Result<PathBuf, String> {
-    let host = env::var("TARGET").map_err(|_| "cargo did not set TARGET")?;
-    let target = match musl_twin(&host) {
-        Some(musl) if shipped.static_where_possible && target_installed(&musl) => musl,
-        Some(musl) if shipped.static_where_possible => {
-            println!(
-                "cargo:warning={} is built for {host}: `rustup target add {musl}` makes it static, and its \
-                 every start about a millisecond faster",
-                shipped.binary
-            );
-            host
-        }
-        _ => host,
-    };
+/// Builds `shipped` for `target` with a nested cargo; the binary's path.
+fn build_nested(manifest: &Path, shipped: &Shipped, target: &str) -> Result<PathBuf, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let profile_dir = profile_dir()?;
     let target_dir = profile_dir.parent().unwrap_or(&profile_dir).join("shipped-binaries");
@@ -134,7 +143,7 @@ fn build_nested(manifest: &Path, shipped: &Shipped) -> Result<PathBuf, String> {
         .arg("--manifest-path")
         .arg(manifest)
         .args(shipped.cargo_target)
-        .args(["--target", &target])
+        .args(["--target", target])
         .arg("--target-dir")
         .arg(&target_dir)
         // The outer build's flags and wrappers are for the package being
@@ -153,7 +162,32 @@ fn build_nested(manifest: &Path, shipped: &Shipped) -> Result<PathBuf, String> {
             shipped.cargo_target.join(" ")
         ));
     }
-    Ok(target_dir.join(&target).join("release").join(shipped.binary))
+    Ok(target_dir.join(target).join("release").join(shipped.binary))
+}
+
+/// Whether the ELF file at `path` asks for no program interpreter: a
+/// static executable. Anything unreadable counts as not.
+fn is_static(path: &Path) -> bool {
+    // The 64-bit little-endian layout (x86-64, AArch64): the program
+    // headers' offset, size and count in the file header; PT_INTERP is 3.
+    const PT_INTERP: u32 = 3;
+    let Ok(bytes) = std::fs::read(path) else { return false };
+    let number = |at: usize, width: usize| -> Option<u64> {
+        let slice = bytes.get(at..at + width)?;
+        Some(slice.iter().rev().fold(0u64, |n, byte| (n << 8) | u64::from(*byte)))
+    };
+    if bytes.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return false;
+    }
+    let (Some(offset), Some(size), Some(count)) = (number(0x20, 8), number(0x36, 2), number(0x38, 2)) else {
+        return false;
+    };
+    (0..count).all(|i| {
+        usize::try_from(offset + i * size)
+            .ok()
+            .and_then(|at| number(at, 4))
+            .is_some_and(|kind| kind != u64::from(PT_INTERP))
+    })
 }
 
 /// `x86_64-unknown-linux-musl` for `x86_64-unknown-linux-gnu`.
@@ -188,6 +222,31 @@ fn newest(path: &Path) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_static_executable_is_told_from_a_dynamic_one() {
+        // This test's own binary asks for the loader; a file that is no ELF
+        // counts as not static either.
+        let own = std::env::current_exe().unwrap_or_default();
+        assert!(!is_static(&own), "{}", own.display());
+        assert!(!is_static(Path::new("/nonexistent")));
+        let dir = std::env::temp_dir().join(format!("airlock-build-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        // A minimal ELF64 header with one PT_LOAD program header: static.
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x20] = 64; // e_phoff
+        elf[0x36] = 56; // e_phentsize
+        elf[0x38] = 1; // e_phnum
+        elf[64] = 1; // PT_LOAD
+        let file = dir.join("static");
+        std::fs::write(&file, &elf).unwrap_or_default();
+        assert!(is_static(&file));
+        elf[64] = 3; // PT_INTERP
+        std::fs::write(&file, &elf).unwrap_or_default();
+        assert!(!is_static(&file));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_musl_twin_of_a_gnu_linux_target_only() {

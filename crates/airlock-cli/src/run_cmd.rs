@@ -178,13 +178,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         crate::show::save_figures(&mut record, &dir);
         print!("{}", airlock::report::render(&record));
     }
-    // The command ends here, and the sandbox with it: its descriptors close
-    // as the process exits, and its helpers, which die with the process
-    // (PR_SET_PDEATHSIG), close what they hold as they go. Dropping it
-    // would first kill and wait for the run's helper, which is closing the
-    // run's namespaces by now: a wait for the kernel's teardown, after the
-    // report, that the command's caller would see.
-    std::mem::forget(sandbox);
     if let Some(error) = unrecorded {
         eprintln!("airlock: run {} was NOT recorded in the audit store: {error}", record.id);
         return Ok(ExitCode::from(exit::SANDBOX_ERROR));

@@ -205,7 +205,11 @@ impl Backend for LinuxBackend {
         // `LinuxInstance::first_cgroup`). A failure here is the run's to
         // meet again, and to report.
         let limits = instance::run_cgroup_limits(&policy.limits);
-        let first_cgroup = cgroups.as_ref().and_then(|h| h.create(&limits).ok()).map(|made| (limits, made));
+        let first_cgroup = cgroups
+            .as_ref()
+            .filter(|_| building.is_ok())
+            .and_then(|h| h.create(&limits).ok())
+            .map(|made| (limits, made));
         // A sandbox that cannot be made may mean the host changed since a
         // remembered trial: the next start probes again, and names the fix.
         let (made, run_helper) = building.and_then(Building::finish).inspect_err(|_| probe::forget_trial())?;

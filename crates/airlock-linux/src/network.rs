@@ -45,3 +45,35 @@ pub fn listen_proxy() -> Result<OwnedFd, Failure> {
     listen(&fd, 128).map_err(|e| Failure::new(step, "listen", &e.into()))?;
     Ok(fd)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::make_ahead_of_run;
+
+    /// As root a helper's network namespace made ahead of its run is a new
+    /// one with `lo` up; an ordinary user's is refused, and the helper stays
+    /// where it was (its run makes its own).
+    #[test]
+    fn a_network_namespace_made_ahead_is_new_and_has_loopback_up() {
+        // In a thread of its own: the namespace is the calling thread's.
+        std::thread::spawn(|| {
+            let own = || std::fs::read_link("/proc/thread-self/ns/net").expect("this thread's network namespace");
+            let before = own();
+            let made = make_ahead_of_run();
+            if !rustix::process::geteuid().is_root() {
+                assert!(!made);
+                assert_eq!(own(), before);
+                return;
+            }
+            assert!(made);
+            assert_ne!(own(), before, "the helper's namespace is the one it was in");
+            // `lo` is up: a listener on it takes a connection.
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+}
