@@ -446,3 +446,21 @@ fn a_remembered_trial_is_forgotten_when_no_sandbox_can_be_made() {
         assert_eq!(lines.matches("trial").count(), round, "round {round}: {lines}");
     }
 }
+
+#[test]
+fn a_relative_data_directory_is_taken_from_where_the_command_starts() {
+    // The sandbox binds the image's trees by absolute path: a relative
+    // AIRLOCK_HOME once failed the setup ("... must be an absolute path").
+    let _ = data_image();
+    let home = airlock_tests::test_home();
+    let (parent, name) = (home.parent().unwrap(), home.file_name().unwrap());
+    let output = airlock_command()
+        .env("AIRLOCK_HOME", name)
+        .current_dir(parent)
+        .args(["run", "-c", "print(6 * 7)"])
+        .output()
+        .expect("run airlock");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("42"), "{stderr}");
+}

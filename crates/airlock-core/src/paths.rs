@@ -18,17 +18,52 @@ pub fn open_to_others(path: &Path) -> bool {
 /// else `~/.local/share/airlock`. Images, the wasm interpreter, caches and the
 /// audit database live here.
 pub fn data_dir() -> Result<PathBuf, SandboxError> {
-    if let Some(home) = std::env::var_os("AIRLOCK_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(home));
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    data_dir_from(var("AIRLOCK_HOME"), var("XDG_DATA_HOME"), var("HOME"))
+}
+
+/// [`data_dir`] from the three variables' values. The result is always
+/// absolute: a relative `AIRLOCK_HOME` is taken from the current folder once,
+/// here, because the sandbox binds the image's trees by absolute path and a
+/// path that meant one folder at the start must not mean another later; a
+/// relative `XDG_DATA_HOME` is ignored, as the XDG specification says.
+fn data_dir_from(
+    airlock_home: Option<PathBuf>,
+    xdg_data_home: Option<PathBuf>,
+    home: Option<PathBuf>,
+) -> Result<PathBuf, SandboxError> {
+    if let Some(home) = airlock_home {
+        return std::path::absolute(&home).map_err(|e| SandboxError::Missing {
+            what: format!("airlock's data directory ({}: {e})", home.display()),
+            hint: "set AIRLOCK_HOME to an absolute path".to_owned(),
+        });
     }
-    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(xdg).join("airlock"));
+    if let Some(xdg) = xdg_data_home.filter(|p| p.is_absolute()) {
+        return Ok(xdg.join("airlock"));
     }
-    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        Some(home) => Ok(PathBuf::from(home).join(".local/share/airlock")),
+    match home.filter(|p| p.is_absolute()) {
+        Some(home) => Ok(home.join(".local/share/airlock")),
         None => Err(SandboxError::Missing {
             what: "airlock's data directory".to_owned(),
-            hint: "set AIRLOCK_HOME (or HOME, or XDG_DATA_HOME) to a folder airlock may write".to_owned(),
+            hint: "set AIRLOCK_HOME (or HOME, or XDG_DATA_HOME) to an absolute path of a folder airlock may write"
+                .to_owned(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_data_directory_is_absolute_whatever_the_variables_hold() {
+        let cwd = std::env::current_dir().unwrap();
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(data_dir_from(p("rel/home"), None, p("/h")).unwrap(), cwd.join("rel/home"));
+        assert_eq!(data_dir_from(p("/abs"), p("/x"), p("/h")).unwrap(), PathBuf::from("/abs"));
+        assert_eq!(data_dir_from(None, p("/x"), p("/h")).unwrap(), PathBuf::from("/x/airlock"));
+        assert_eq!(data_dir_from(None, p("x"), p("/h")).unwrap(), PathBuf::from("/h/.local/share/airlock"));
+        assert!(data_dir_from(None, p("x"), p("h")).is_err());
+        assert!(data_dir_from(None, None, None).is_err());
     }
 }
