@@ -205,6 +205,17 @@ pub fn leftovers_of(pid: u32, marker: &str) -> Vec<String> {
     found
 }
 
+/// The cgroups this process made since [`leftovers`] gave `before`: a
+/// sandbox's, made while it was built, when no other test made one meanwhile.
+pub fn cgroups_made_since(before: &[String]) -> Vec<PathBuf> {
+    leftovers("")
+        .iter()
+        .filter(|found| !before.contains(found))
+        .filter_map(|found| found.strip_prefix("cgroup: "))
+        .map(PathBuf::from)
+        .collect()
+}
+
 fn walk_cgroups(dir: &Path, prefix: &str, found: &mut Vec<String>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use airlock::{Limit, OutputOverflow, Policy, RunRequest, Status};
-use airlock_tests::{assert_nothing_left, exclusive, marker, python, quick_policy, sandbox, shell};
+use airlock_tests::{assert_nothing_left, cgroups_made_since, exclusive, marker, python, quick_policy, sandbox, shell};
 
 #[test]
 fn a_fork_bomb_hits_the_pids_limit_and_harms_nothing_outside() {
@@ -59,6 +59,40 @@ fn the_cgroup_made_ahead_holds_only_for_a_first_run_with_the_sandboxs_limits() {
     assert_nothing_left("");
     // Never run: nothing left of its first run's cgroup.
     drop(sandbox(policy));
+    assert_nothing_left("");
+}
+
+/// A first run with the sandbox's own limits runs in the cgroup made while
+/// the sandbox was built: its processes are in that very cgroup (not in
+/// one made after it, the one made ahead thrown away).
+#[test]
+fn a_first_run_with_the_sandboxs_limits_runs_in_the_cgroup_made_ahead() {
+    let _alone = exclusive();
+    let before = airlock_tests::leftovers("");
+    let mut first = sandbox(Policy::default());
+    let ahead = cgroups_made_since(&before);
+    assert!(!ahead.is_empty(), "no cgroup was made while the sandbox was built");
+    // Whether the run's processes showed up in a cgroup made ahead before
+    // those cgroups were gone (or 20 s passed).
+    let looker = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            let procs: Vec<String> =
+                ahead.iter().filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok()).collect();
+            if procs.is_empty() {
+                return false;
+            }
+            if procs.iter().any(|p| !p.trim().is_empty()) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    });
+    let record = first.run("import time\ntime.sleep(1)\nprint('done')");
+    assert_eq!((record.status, record.stdout.trim()), (Status::Ok, "done"), "{record:?}");
+    assert!(looker.join().unwrap(), "the first run's processes were never in the cgroup made ahead for it");
+    drop(first);
     assert_nothing_left("");
 }
 

@@ -71,6 +71,64 @@ fn each_run_has_a_network_namespace_of_its_own_with_loopback_up() {
     assert!(!seen.contains(&host), "a run was in the host's network namespace ({host}): {seen:?}");
 }
 
+/// As root, a run's network namespace is made by its helper before the run
+/// (see `network::make_ahead_of_run`): it belongs to the host's user
+/// namespace, over which the code holds no capability, not to the sandbox's.
+#[test]
+fn as_root_a_runs_network_namespace_belongs_to_the_hosts_user_namespace() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: an ordinary user's runs make their own network namespace");
+        return;
+    }
+    /// NS_GET_USERNS: the user namespace that owns a namespace, as a new descriptor.
+    const NS_GET_USERNS: libc::c_ulong = 0xb701;
+    let _alone = airlock_tests::exclusive();
+    let host_userns = std::fs::metadata("/proc/self/ns/user").unwrap().ino();
+    let before = airlock_tests::leftovers("");
+    let mut sb = sandbox(Policy::default());
+    let cgroups = airlock_tests::cgroups_made_since(&before);
+    assert!(!cgroups.is_empty(), "no cgroup was made for the first run");
+    // The owners of the network namespace of each of the run's processes,
+    // and each process's own user namespace, as (owner, own) inode pairs.
+    let looker = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            let pids: Vec<String> = cgroups
+                .iter()
+                .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+                .flat_map(|procs| procs.lines().map(str::to_owned).collect::<Vec<_>>())
+                .collect();
+            let mut seen = Vec::new();
+            for pid in &pids {
+                let Ok(net) = std::fs::File::open(format!("/proc/{pid}/ns/net")) else { continue };
+                let Ok(own) = std::fs::metadata(format!("/proc/{pid}/ns/user")) else { continue };
+                // SAFETY: NS_GET_USERNS takes no argument and returns a new descriptor or -1.
+                let owner = unsafe { libc::ioctl(net.as_raw_fd(), NS_GET_USERNS) };
+                assert!(owner >= 0, "NS_GET_USERNS: {}", std::io::Error::last_os_error());
+                // SAFETY: `owner` is a descriptor the kernel just returned, owned by nothing else.
+                let owner = unsafe { OwnedFd::from_raw_fd(owner) };
+                let owner = std::fs::File::from(owner).metadata().unwrap().ino();
+                seen.push((owner, own.ino()));
+            }
+            if !seen.is_empty() {
+                return seen;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Vec::new()
+    });
+    let record = sb.run("import time\ntime.sleep(1)");
+    assert_eq!(record.status, Status::Ok, "{record:?}");
+    let seen = looker.join().unwrap();
+    assert!(!seen.is_empty(), "the run's processes were never seen");
+    for (owner, own) in seen {
+        assert_ne!(own, host_userns, "a run's process was in the host's user namespace");
+        assert_eq!(owner, host_userns, "the run's network namespace belongs to the sandbox's user namespace");
+    }
+}
+
 const FETCH: &str = r#"
 import json, sys, urllib.request, urllib.error
 def fetch(url):
