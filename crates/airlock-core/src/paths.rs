@@ -23,10 +23,10 @@ pub fn data_dir() -> Result<PathBuf, SandboxError> {
 }
 
 /// [`data_dir`] from the three variables' values. The result is always
-/// absolute: a relative `AIRLOCK_HOME` is taken from the current folder once,
-/// here, because the sandbox binds the image's trees by absolute path and a
-/// path that meant one folder at the start must not mean another later; a
-/// relative `XDG_DATA_HOME` is ignored, as the XDG specification says.
+/// absolute, because the sandbox binds the image's trees by absolute path:
+/// a relative `AIRLOCK_HOME` is taken from the current folder (a program
+/// that changes its folder should set an absolute one); a relative
+/// `XDG_DATA_HOME` or `HOME` is ignored, as the XDG specification says.
 fn data_dir_from(
     airlock_home: Option<PathBuf>,
     xdg_data_home: Option<PathBuf>,
