@@ -89,7 +89,7 @@ fn a_first_run_with_the_sandboxs_limits_runs_in_the_cgroup_made_ahead() {
         }
         false
     });
-    let record = first.run("import time\ntime.sleep(1)\nprint('done')");
+    let record = first.run("import time\ntime.sleep(2)\nprint('done')");
     assert_eq!((record.status, record.stdout.trim()), (Status::Ok, "done"), "{record:?}");
     assert!(looker.join().unwrap(), "the first run's processes were never in the cgroup made ahead for it");
     drop(first);

@@ -119,7 +119,7 @@ fn as_root_a_runs_network_namespace_belongs_to_the_hosts_user_namespace() {
         }
         Vec::new()
     });
-    let record = sb.run("import time\ntime.sleep(1)");
+    let record = sb.run("import time\ntime.sleep(2)");
     assert_eq!(record.status, Status::Ok, "{record:?}");
     let seen = looker.join().unwrap();
     assert!(!seen.is_empty(), "the run's processes were never seen");
