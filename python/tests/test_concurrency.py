@@ -122,8 +122,8 @@ def test_cancelling_run_async_stops_the_run():
 def ctrl_c_raises():
     """Python's own SIGINT handler, for the test's length. A process started
     in the background by a shell without job control (`cmd &` in a script)
-    inherits SIGINT ignored, and Python leaves it so: Ctrl-C means nothing
-    there, as it does not to airlock."""
+    inherits SIGINT ignored, and Python then raises no KeyboardInterrupt:
+    the test asks for what an interactive session has."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)

@@ -114,7 +114,8 @@ fn a_venv_whose_site_would_run_code_keeps_pythons_own_site() {
         std::process::Command::new(dir.path().join("venv/bin/python")).args(["-I", "-c", probe]).output().unwrap();
     let expected = match String::from_utf8_lossy(&base.stdout).trim() {
         "False" => Some(Path::new("/opt/airlock/venv")),
-        _ => None,
+        "True" => None,
+        other => panic!("the interpreter's probe said {other:?}: {}", String::from_utf8_lossy(&base.stderr)),
     };
     assert_eq!(runtime.known_site.as_deref(), expected);
 }

@@ -91,7 +91,9 @@ pub fn provide(workspace: &Path, shipped: &Shipped) -> Result<PathBuf, String> {
     println!("cargo:rerun-if-changed={}", in_profile.display());
     let newest_source = sources.iter().filter_map(|s| newest(&workspace.join(s))).max();
     let host = env::var("TARGET").map_err(|_| "cargo did not set TARGET")?;
-    let musl = musl_twin(&host).filter(|musl| shipped.static_where_possible && target_installed(musl));
+    // The musl target this binary would be built for, and whether it is here.
+    let twin = musl_twin(&host).filter(|_| shipped.static_where_possible);
+    let musl = twin.clone().filter(|musl| target_installed(musl));
     let fresh = modified(&in_profile).zip(newest_source).is_some_and(|(built, source)| built > source);
     if fresh && (musl.is_none() || is_static(&in_profile)) {
         return Ok(in_profile);
@@ -103,7 +105,7 @@ pub fn provide(workspace: &Path, shipped: &Shipped) -> Result<PathBuf, String> {
                 println!("cargo:warning={} is built for {host}: its build for {musl} failed: {why}", shipped.binary)
             }
         }
-    } else if let Some(musl) = musl_twin(&host).filter(|_| shipped.static_where_possible) {
+    } else if let Some(musl) = twin {
         println!(
             "cargo:warning={} is built for {host}: `rustup target add {musl}` makes it static, and its every \
              start about a millisecond faster",
