@@ -366,10 +366,13 @@ fn only_bytecode_this_interpreter_made_from_this_source_runs() {
         assert!(!record["stderr"].as_str().unwrap_or_default().contains(".airlock"), "{what}: {record}");
     };
     check("the first run, which makes the bytecode");
-    let cache = home.path().join("cache/bytecode");
-    let entries: Vec<std::path::PathBuf> =
-        std::fs::read_dir(&cache).expect("the bytecode was kept").map(|e| e.unwrap().path()).collect();
-    assert_eq!(entries.len(), 2, "driver.py and driver_report.py: {entries:?}");
+    // The driver's folder for this interpreter, bound into each sandbox.
+    let folders: Vec<std::path::PathBuf> = std::fs::read_dir(home.path().join("cache/driver"))
+        .expect("the driver's folder was kept")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(folders.len(), 1, "one folder for one interpreter: {folders:?}");
+    let entries: Vec<std::path::PathBuf> = ["driver.pyc", "driver_report.pyc"].map(|name| folders[0].join(name)).into();
     check("a run from the kept bytecode");
 
     // A .pyc of another program, made by this interpreter: as another
@@ -381,7 +384,7 @@ fn only_bytecode_this_interpreter_made_from_this_source_runs() {
         let status = std::process::Command::new("python3")
             .args(["-I", "-c"])
             .arg(format!(
-                "import py_compile; py_compile.compile({:?}, cfile={:?}, dfile='/.airlock/driver.py', \
+                "import py_compile; py_compile.compile({:?}, cfile={:?}, dfile='/.airlock-driver/driver.py', \
                  invalidation_mode=py_compile.PycInvalidationMode.{mode}, doraise=True)",
                 evil.display().to_string(),
                 pyc.display().to_string()

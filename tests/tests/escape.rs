@@ -110,6 +110,71 @@ print(found)
     assert_eq!(ok_stdout(&record), "[]");
 }
 
+/// The driver's folder is the one thing every run of an interpreter shares:
+/// bound read-only from the host into each sandbox, so that no run copies
+/// the driver in. A run that could change it would run its own code in every
+/// later run. Everything that changes a folder is tried from inside, and the
+/// host's copy and the next run are checked. (With the folder bound writable
+/// and Landlock off, as on a kernel without it, the run rewrote driver.py
+/// and created files there.)
+#[test]
+fn no_run_can_change_the_driver_every_run_shares() {
+    let runtime = airlock_tests::host_python();
+    let folder = runtime.driver_dir.clone().expect("the host's Python has a driver folder");
+    let before = files_in(&folder);
+    let code = r#"
+import ctypes, os
+d = "/.airlock-driver"
+changed = []
+def attempt(what, action):
+    try:
+        action()
+        changed.append(what)
+    except OSError:
+        pass
+flags = os.statvfs(d).f_flag
+for name in sorted(os.listdir(d)):
+    path = d + "/" + name
+    attempt("append " + name, lambda: open(path, "a").write("raise SystemExit(99)\n"))
+    attempt("truncate " + name, lambda: os.truncate(path, 0))
+    attempt("chmod " + name, lambda: os.chmod(path, 0o777))
+    attempt("utime " + name, lambda: os.utime(path, (0, 0)))
+    attempt("unlink " + name, lambda: os.unlink(path))
+    attempt("rename " + name, lambda: os.rename(path, path + ".old"))
+attempt("create", lambda: open(d + "/planted.py", "w").write("x"))
+attempt("mkdir", lambda: os.mkdir(d + "/__pycache__"))
+attempt("symlink", lambda: os.symlink("/work", d + "/link"))
+libc = ctypes.CDLL(None, use_errno=True)
+MS_REMOUNT, MS_BIND = 32, 4096
+if libc.mount(None, d.encode(), None, MS_REMOUNT | MS_BIND, None) == 0:
+    changed.append("remount read-write")
+if libc.mount(b"/work", d.encode(), None, MS_BIND, None) == 0:
+    changed.append("bind over")
+if libc.umount2(d.encode(), 2) == 0:
+    changed.append("detach")
+print(bool(flags & os.ST_RDONLY), bool(flags & os.ST_NOSUID), bool(flags & os.ST_NODEV), changed)
+"#;
+    let record = python(Policy::default(), code);
+    assert_eq!(ok_stdout(&record), "True True True []");
+    let after = files_in(&folder);
+    assert!(before == after, "the host's driver folder changed");
+    // And the next run's driver is the one every run gets.
+    let record = python(Policy::default(), "print('fine')\n6 * 7");
+    assert_eq!(ok_stdout(&record), "fine");
+    assert_eq!(record.value.as_deref(), Some("42"));
+}
+
+/// Each file of `folder`, by name, with its content.
+fn files_in(folder: &std::path::Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    files.sort();
+    files
+}
+
 #[test]
 fn only_three_descriptors_are_open() {
     let record = shell(Policy::default(), "ls /proc/self/fd");

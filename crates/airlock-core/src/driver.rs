@@ -4,8 +4,10 @@
 //! Python code runs under `driver.py` (shipped inside this crate), which
 //! returns the last expression's value, structured errors and figures through
 //! a report file. Python is given `driver_start.py`, which runs the driver
-//! from bytecode the runtime brings ([`Runtime::driver_bytecode`]) when it
-//! was made by this interpreter from this very source, else from its source.
+//! from the bytecode beside it when it was made by this interpreter from
+//! this very source, else from its source. The driver's files come from the
+//! runtime's folder ([`Runtime::driver_dir`], bound at [`DRIVER_DIR`]) or,
+//! without one, with each run's program.
 //! Shell code runs under `/bin/sh` as it is.
 
 use std::collections::BTreeMap;
@@ -29,14 +31,58 @@ pub const DRIVER_START_SOURCE: &str = include_str!("driver_start.py");
 pub const DRIVER_TEMPLATE_SOURCE: &str = include_str!("driver_template.py");
 
 /// The driver's files that may run from bytecode, each as (its name in
-/// [`PROGRAM_DIR`], the name of its bytecode there, its source). The
+/// the driver's folder, the name of its bytecode there, its source). The
 /// bytecode of `x.py` is `x.pyc`, a checked-hash .pyc that
 /// `driver_start.py` checks against the interpreter and the source.
 pub const COMPILED_FILES: [(&str, &str, &str); 2] =
     [("driver.py", "driver.pyc", DRIVER_SOURCE), ("driver_report.py", "driver_report.pyc", DRIVER_REPORT_SOURCE)];
 
-/// The read-only folder inside the sandbox that holds the driver and the code.
+/// Every source file of the driver, as (its name in the driver's folder, its
+/// text): what a runtime's driver folder holds, beside the bytecode of
+/// [`COMPILED_FILES`].
+pub const DRIVER_FILES: [(&str, &str); 4] = [
+    ("driver_start.py", DRIVER_START_SOURCE),
+    ("driver.py", DRIVER_SOURCE),
+    ("driver_report.py", DRIVER_REPORT_SOURCE),
+    ("driver_template.py", DRIVER_TEMPLATE_SOURCE),
+];
+
+/// A fingerprint of every file of [`DRIVER_FILES`], its name and its text,
+/// computed as this crate is compiled: what a cache of the driver's files
+/// is keyed by, at no cost at run time (hashing the sources at every start
+/// cost about 0.1 ms). FNV-1a: it tells this build's driver from another's,
+/// and is no defence against anyone who can write airlock's data directory
+/// (who could change the images too).
+pub const DRIVER_FINGERPRINT: u64 = {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut file = 0;
+    while file < DRIVER_FILES.len() {
+        let (name, text) = DRIVER_FILES[file];
+        let mut part = 0;
+        while part < 2 {
+            let bytes = if part == 0 { name.as_bytes() } else { text.as_bytes() };
+            let mut at = 0;
+            while at < bytes.len() {
+                hash = (hash ^ bytes[at] as u64).wrapping_mul(0x0100_0000_01b3);
+                at += 1;
+            }
+            // A separator, so that no two different lists of files run together alike.
+            hash = (hash ^ 0xff).wrapping_mul(0x0100_0000_01b3);
+            part += 1;
+        }
+        file += 1;
+    }
+    hash
+};
+
+/// The read-only folder inside the sandbox that holds each run's own
+/// program: the code, the report and its FIFOs; the driver too when the
+/// runtime has no folder of its own for it.
 pub const PROGRAM_DIR: &str = "/.airlock";
+
+/// Where a runtime's driver folder ([`Runtime::driver_dir`]) is bound
+/// read-only inside the sandbox, once for the sandbox's life.
+pub const DRIVER_DIR: &str = "/.airlock-driver";
 
 /// Name of the report file in [`PROGRAM_DIR`]; a FIFO on the Linux backend.
 pub const REPORT_FILE: &str = "report";
@@ -101,7 +147,7 @@ impl Default for ReportCaps {
     }
 }
 
-/// A file the program needs in [`PROGRAM_DIR`].
+/// A file a run's program needs in [`PROGRAM_DIR`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramFile {
     pub name: &'static str,
@@ -202,22 +248,27 @@ pub fn program_with(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Star
 }
 
 fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<'_>) -> Program {
-    let mut files = vec![ProgramFile::text("driver_start.py", DRIVER_START_SOURCE)];
-    files.extend(COMPILED_FILES.iter().map(|(name, _, source)| ProgramFile::text(name, source)));
-    // Only bytecode of the driver's own files, by their bytecode's names.
-    files.extend(
-        runtime.driver_bytecode.iter().filter(|f| COMPILED_FILES.iter().any(|(_, pyc, _)| *pyc == f.name)).cloned(),
-    );
+    // The driver: bound from the runtime's folder, or else brought by the
+    // run itself (its sources only: the template's when a template needs it).
+    let template = matches!(start, Start::Template { .. });
+    let (driver_dir, mut files) = match runtime.driver_dir {
+        Some(_) => (DRIVER_DIR, Vec::new()),
+        None => (
+            PROGRAM_DIR,
+            DRIVER_FILES
+                .iter()
+                .filter(|(name, _)| template || *name != "driver_template.py")
+                .map(|&(name, source)| ProgramFile::text(name, source))
+                .collect(),
+        ),
+    };
     let (code_path, report_path, ready_path) = match start {
         Start::Warm { .. } => (
             format!("{PROGRAM_DIR}/{CODE_FIFO}"),
             format!("{PROGRAM_DIR}/{REPORT_FILE}"),
             format!("{PROGRAM_DIR}/{READY_FILE}"),
         ),
-        Start::Template { .. } => {
-            files.push(ProgramFile::text("driver_template.py", DRIVER_TEMPLATE_SOURCE));
-            ("fd:5".to_owned(), "fd:3".to_owned(), "fd:4".to_owned())
-        }
+        Start::Template { .. } => ("fd:5".to_owned(), "fd:3".to_owned(), "fd:4".to_owned()),
         Start::Cold | Start::Announced => {
             files.push(ProgramFile::text("main.py", &job.code));
             (
@@ -242,7 +293,7 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         None => "-".to_owned(),
     };
     argv.extend([
-        format!("{PROGRAM_DIR}/driver_start.py"),
+        format!("{driver_dir}/driver_start.py"),
         site,
         code_path,
         job.display_name().to_owned(),
@@ -261,7 +312,6 @@ fn python_program(job: &Job, runtime: &Runtime, caps: &ReportCaps, start: Start<
         Start::Cold | Start::Announced => {}
     }
     // A template's forks have pipes, not FIFOs.
-    let template = matches!(start, Start::Template { .. });
     Program {
         argv,
         files,
@@ -498,6 +548,30 @@ pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fingerprint_of(files: &[(&str, &str)]) -> u64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for (name, text) in files {
+            for bytes in [name.as_bytes(), text.as_bytes()] {
+                for byte in bytes.iter().chain([&0xff]) {
+                    hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+                }
+            }
+        }
+        hash
+    }
+
+    #[test]
+    fn the_drivers_fingerprint_follows_its_every_file() {
+        assert_eq!(DRIVER_FINGERPRINT, fingerprint_of(&DRIVER_FILES), "computed at compile time as at run time");
+        let mut changed = DRIVER_FILES;
+        let edited = DRIVER_SOURCE.replacen("import sys", "import  sys", 1);
+        changed[1].1 = &edited;
+        assert_ne!(fingerprint_of(&changed), DRIVER_FINGERPRINT, "a change to driver.py");
+        let mut renamed = DRIVER_FILES;
+        renamed[3].0 = "driver_templates.py";
+        assert_ne!(fingerprint_of(&renamed), DRIVER_FINGERPRINT, "a renamed file");
+    }
 
     fn tiny_png(w: u32, h: u32) -> Vec<u8> {
         let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();

@@ -78,11 +78,13 @@ pub struct Runtime {
     pub tmp_seed: Vec<(String, Vec<u8>)>,
     /// `python X.Y.Z` and the packages it holds, for messages about a missing module.
     pub describe: String,
-    /// The driver's bytecode for this interpreter, made on the host
-    /// ([`crate::driver::COMPILED_FILES`]); empty means the driver is compiled
-    /// inside at each run. Inside, each is used only if it was made by the
-    /// interpreter that runs from the source beside it.
-    pub driver_bytecode: Vec<crate::driver::ProgramFile>,
+    /// The host folder holding the driver for this interpreter: its sources
+    /// and, where the interpreter could make it, their bytecode
+    /// ([`crate::driver::DRIVER_FILES`]). A backend that binds host folders
+    /// binds it read-only at [`crate::driver::DRIVER_DIR`] once per sandbox,
+    /// so that no run copies the driver in. `None`: the driver's sources
+    /// travel with each run's program, compiled inside.
+    pub driver_dir: Option<PathBuf>,
     /// The venv (its prefix, inside the sandbox) whose `site` set-up is
     /// known before the interpreter starts, or `None` to let Python's own
     /// `site` module run. Known means: the venv leaves out the system's

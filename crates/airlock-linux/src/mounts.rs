@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use airlock_core::driver::PROGRAM_DIR;
+use airlock_core::driver::{DRIVER_DIR, PROGRAM_DIR};
 use airlock_core::runtime::{Runtime, RuntimeFile};
 use rustix::fs::{CWD, FileType, Mode, OFlags};
 use rustix::mount::{
@@ -90,7 +90,7 @@ const PROC_MASKED_DIRS: [&str; 7] = ["acpi", "scsi", "bus", "irq", "asound", "pr
 const PROC_READ_ONLY: [&str; 2] = ["sys", "fs"];
 
 /// Sandbox paths a runtime may not mount over.
-const RESERVED: [&str; 7] = ["/work", "/tmp", "/proc", "/dev", "/etc", PROGRAM_DIR, "/usr"];
+const RESERVED: [&str; 8] = ["/work", "/tmp", "/proc", "/dev", "/etc", PROGRAM_DIR, DRIVER_DIR, "/usr"];
 
 /// Space the layout itself takes on the stage, added to the user's caps so
 /// that /work and /tmp get all they were promised.
@@ -140,6 +140,11 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
             }
             _ => {}
         }
+    }
+    // The driver, bound once for the sandbox's life (see `Runtime::driver_dir`).
+    if let Some(driver) = &runtime.driver_dir {
+        entries.push(LayoutEntry::Dir { path: DRIVER_DIR.trim_start_matches('/').into(), mode: 0o755 });
+        binds.push(Bind { source: driver.display().to_string(), target: DRIVER_DIR.into(), writable: false });
     }
     for name in DEVICES {
         entries.push(LayoutEntry::MountFile { path: format!("dev/{name}") });

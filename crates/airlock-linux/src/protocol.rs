@@ -114,8 +114,9 @@ pub struct RunPlan {
     /// refuses a request that lost any.
     pub cgroup_fds: usize,
     pub hostname: String,
-    /// Name and content of each file of the program (the driver, its
-    /// bytecode, the code).
+    /// Name and content of each file of the run's program in
+    /// `driver::PROGRAM_DIR`: the code, and the driver's sources when the
+    /// runtime has no driver folder bound in the sandbox.
     #[serde(with = "airlock_core::driver::files_in_base64")]
     pub program_files: Vec<(String, Vec<u8>)>,
     /// Whether to make the report FIFO and hand it to the supervisor.

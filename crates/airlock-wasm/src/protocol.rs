@@ -32,8 +32,8 @@ pub struct GuestPlan {
     /// any confinement, without namespaces (a folder of the host stage); with
     /// them, a tmpfs of the run's own at /.airlock.
     pub program_dir: String,
-    /// Name and content of each file of the program (the driver, its
-    /// bytecode, the code).
+    /// Name and content of each file of the program (the driver's sources,
+    /// the code).
     #[serde(with = "airlock_core::driver::files_in_base64")]
     pub program_files: Vec<(String, Vec<u8>)>,
     /// The most the driver's report may hold (room is made for it).

@@ -84,7 +84,7 @@ impl Interpreter {
             image: None,
             tmp_seed: Vec::new(),
             describe: format!("Python {}, the host's, without an image", self.version),
-            driver_bytecode: crate::bytecode::driver_bytecode(&self.executable),
+            driver_dir: crate::driver_folder::driver_folder(&self.executable),
             // The host's interpreter runs as it is, its own `site` included.
             known_site: None,
         }
@@ -144,7 +144,7 @@ impl Interpreter {
             image: None,
             tmp_seed: Vec::new(),
             describe: format!("Python {} in a venv", self.version),
-            driver_bytecode: crate::bytecode::driver_bytecode(&self.executable),
+            driver_dir: crate::driver_folder::driver_folder(&self.executable),
             known_site: (own_site_only && self.site_runs_nothing_in(venv)).then(|| at.to_path_buf()),
         }
     }

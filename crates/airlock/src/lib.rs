@@ -32,7 +32,7 @@
 #![forbid(unsafe_code)]
 
 mod artifacts;
-mod bytecode;
+mod driver_folder;
 pub mod image;
 pub mod interpreter;
 pub mod pool;
