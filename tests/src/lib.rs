@@ -346,3 +346,41 @@ pub fn assert_ended_as_an_exit_does(stdout: &str, sandbox: &mut Sandbox) {
     assert_eq!(sandbox.read("/work/unclosed.txt").expect("the unclosed file"), "kept".repeat(1000).into_bytes());
     assert_eq!(sandbox.read("/work/thread.txt").expect("the thread's file"), b"thread finished");
 }
+
+/// Code that tries every way to change the driver's folder every run shares
+/// (`/.airlock-driver`) from inside: each file appended to, truncated,
+/// chmod-ed, touched, unlinked and renamed; a file, a folder and a link
+/// created; the mount remounted, bound over and detached. Prints whether
+/// the mount is read-only, nosuid and nodev, then what it changed.
+pub const CHANGE_THE_DRIVER: &str = r#"
+import ctypes, os
+d = "/.airlock-driver"
+changed = []
+def attempt(what, action):
+    try:
+        action()
+        changed.append(what)
+    except OSError:
+        pass
+flags = os.statvfs(d).f_flag
+for name in sorted(os.listdir(d)):
+    path = d + "/" + name
+    attempt("append " + name, lambda: open(path, "a").write("raise SystemExit(99)\n"))
+    attempt("truncate " + name, lambda: os.truncate(path, 0))
+    attempt("chmod " + name, lambda: os.chmod(path, 0o777))
+    attempt("utime " + name, lambda: os.utime(path, (0, 0)))
+    attempt("unlink " + name, lambda: os.unlink(path))
+    attempt("rename " + name, lambda: os.rename(path, path + ".old"))
+attempt("create", lambda: open(d + "/planted.py", "w").write("x"))
+attempt("mkdir", lambda: os.mkdir(d + "/__pycache__"))
+attempt("symlink", lambda: os.symlink("/work", d + "/link"))
+libc = ctypes.CDLL(None, use_errno=True)
+MS_REMOUNT, MS_BIND = 32, 4096
+if libc.mount(None, d.encode(), None, MS_REMOUNT | MS_BIND, None) == 0:
+    changed.append("remount read-write")
+if libc.mount(b"/work", d.encode(), None, MS_BIND, None) == 0:
+    changed.append("bind over")
+if libc.umount2(d.encode(), 2) == 0:
+    changed.append("detach")
+print(bool(flags & os.ST_RDONLY), bool(flags & os.ST_NOSUID), bool(flags & os.ST_NODEV), changed)
+"#;

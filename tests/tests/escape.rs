@@ -122,39 +122,7 @@ fn no_run_can_change_the_driver_every_run_shares() {
     let runtime = airlock_tests::host_python();
     let folder = runtime.driver_dir.clone().expect("the host's Python has a driver folder");
     let before = files_in(&folder);
-    let code = r#"
-import ctypes, os
-d = "/.airlock-driver"
-changed = []
-def attempt(what, action):
-    try:
-        action()
-        changed.append(what)
-    except OSError:
-        pass
-flags = os.statvfs(d).f_flag
-for name in sorted(os.listdir(d)):
-    path = d + "/" + name
-    attempt("append " + name, lambda: open(path, "a").write("raise SystemExit(99)\n"))
-    attempt("truncate " + name, lambda: os.truncate(path, 0))
-    attempt("chmod " + name, lambda: os.chmod(path, 0o777))
-    attempt("utime " + name, lambda: os.utime(path, (0, 0)))
-    attempt("unlink " + name, lambda: os.unlink(path))
-    attempt("rename " + name, lambda: os.rename(path, path + ".old"))
-attempt("create", lambda: open(d + "/planted.py", "w").write("x"))
-attempt("mkdir", lambda: os.mkdir(d + "/__pycache__"))
-attempt("symlink", lambda: os.symlink("/work", d + "/link"))
-libc = ctypes.CDLL(None, use_errno=True)
-MS_REMOUNT, MS_BIND = 32, 4096
-if libc.mount(None, d.encode(), None, MS_REMOUNT | MS_BIND, None) == 0:
-    changed.append("remount read-write")
-if libc.mount(b"/work", d.encode(), None, MS_BIND, None) == 0:
-    changed.append("bind over")
-if libc.umount2(d.encode(), 2) == 0:
-    changed.append("detach")
-print(bool(flags & os.ST_RDONLY), bool(flags & os.ST_NOSUID), bool(flags & os.ST_NODEV), changed)
-"#;
-    let record = python(Policy::default(), code);
+    let record = python(Policy::default(), airlock_tests::CHANGE_THE_DRIVER);
     assert_eq!(ok_stdout(&record), "True True True []");
     let after = files_in(&folder);
     assert!(before == after, "the host's driver folder changed");
@@ -162,6 +130,43 @@ print(bool(flags & os.ST_RDONLY), bool(flags & os.ST_NOSUID), bool(flags & os.ST
     let record = python(Policy::default(), "print('fine')\n6 * 7");
     assert_eq!(ok_stdout(&record), "fine");
     assert_eq!(record.value.as_deref(), Some("42"));
+}
+
+/// A driver folder changed or removed on the host after a runtime took it
+/// (a long-lived server's) is not bound: the sandbox's runs bring the
+/// driver themselves, and run it. (Before the check at each sandbox's
+/// making, the changed driver ran, and a removed folder failed every run.)
+#[test]
+fn a_driver_folder_changed_or_removed_after_the_runtime_took_it_is_not_bound() {
+    let mut runtime = airlock_tests::host_python();
+    let original = runtime.driver_dir.clone().expect("the host's Python has a driver folder");
+    let copy = tempfile::tempdir().unwrap();
+    let folder = copy.path().join("driver");
+    std::fs::create_dir(&folder).unwrap();
+    for (name, content) in files_in(&original) {
+        std::fs::write(folder.join(name), content).unwrap();
+    }
+    std::fs::set_permissions(&folder, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    runtime.driver_dir = Some(folder.clone());
+    let run = |runtime: &airlock::Runtime| {
+        let _guard = airlock_tests::shared();
+        let mut sandbox = airlock::Sandbox::with_backend(airlock_tests::linux(), Policy::default(), runtime.clone())
+            .expect("create a sandbox");
+        sandbox.run("import os\nprint(os.path.isdir('/.airlock-driver'))\n6 * 7")
+    };
+    let record = run(&runtime);
+    assert_eq!(ok_stdout(&record), "True", "the copy, whole, is bound");
+
+    let start = folder.join("driver_start.py");
+    let text = std::fs::read_to_string(&start).unwrap();
+    std::fs::write(&start, format!("print('TAMPERED')\n{text}")).unwrap();
+    let record = run(&runtime);
+    assert_eq!(ok_stdout(&record), "False", "a changed folder is not bound: {}", record.stdout);
+    assert_eq!(record.value.as_deref(), Some("42"));
+
+    std::fs::remove_dir_all(&folder).unwrap();
+    let record = run(&runtime);
+    assert_eq!(ok_stdout(&record), "False", "a removed folder is not bound");
 }
 
 /// Each file of `folder`, by name, with its content.

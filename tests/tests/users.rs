@@ -81,6 +81,29 @@ for d in ["/home", "/root", "/etc/shadow"]:
     assert_eq!(record_status(&output), "timeout");
 }
 
+/// As an ordinary user the sandbox's user is the caller, who owns the
+/// driver's folder on the host: only the read-only mount keeps a run from
+/// changing what every later run starts from. Every way to change a folder
+/// is tried from inside; the host's copy and the next run are checked.
+#[test]
+fn as_nobody_no_run_can_change_the_driver_every_run_shares() {
+    let home = user_home();
+    let lowered = ["--allow-degraded", "cgroups", "-c"];
+    let output = run_as_nobody(home.path(), &[], &[&lowered[..], &[airlock_tests::CHANGE_THE_DRIVER]].concat());
+    let attack = record(&output);
+    assert_eq!(attack["status"], "ok", "{attack}");
+    assert_eq!(attack["stdout"], "True True True []\n", "{attack}");
+    let folders: Vec<PathBuf> =
+        std::fs::read_dir(home.path().join("cache/driver")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(folders.len(), 1, "{folders:?}");
+    for (name, source) in airlock_core::driver::DRIVER_FILES {
+        assert_eq!(std::fs::read_to_string(folders[0].join(name)).unwrap(), source, "{name} changed");
+    }
+    let output = run_as_nobody(home.path(), &[], &[&lowered[..], &["print('fine')\n6 * 7"]].concat());
+    let next = record(&output);
+    assert_eq!((&next["stdout"], &next["value"]), (&Value::from("fine\n"), &Value::from("42")), "{next}");
+}
+
 fn record_status(output: &Output) -> String {
     record(output)["status"].as_str().unwrap().to_owned()
 }

@@ -11,6 +11,8 @@
 //! Shell code runs under `/bin/sh` as it is.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use airlock_policy::{DisplayResult, ErrorInfo, Language, ResultKind};
 use base64::Engine;
@@ -74,6 +76,40 @@ pub const DRIVER_FINGERPRINT: u64 = {
     }
     hash
 };
+
+/// Whether `folder` holds this build's driver and only `owner` (the user
+/// that made it: the caller) or root can change it: every source of
+/// [`DRIVER_FILES`], byte for byte, and any bytecode of [`COMPILED_FILES`]
+/// (which `driver_start.py` checks against those sources inside); the
+/// folder and its three parents (`<data>/cache/driver/<key>`) owned by
+/// `owner` or root and writable by no one else unless sticky; every file
+/// and the folder readable by everyone, as a tree bound into a sandbox
+/// whose user is not the caller must be. Anything else (a file gone, cut
+/// short or changed, a folder another user could swap) is not bound into a
+/// sandbox, whose every later run it would reach. About 60 KB read.
+pub fn folder_holds_this_driver(folder: &Path, owner: u32) -> bool {
+    let safe = |meta: &std::fs::Metadata| {
+        (meta.uid() == owner || meta.uid() == 0) && (meta.mode() & 0o022 == 0 || meta.mode() & 0o1000 != 0)
+    };
+    let readable = |meta: &std::fs::Metadata| meta.mode() & 0o004 != 0;
+    let Ok(top) = std::fs::symlink_metadata(folder) else { return false };
+    if !top.is_dir() || !safe(&top) || top.mode() & 0o005 != 0o005 {
+        return false;
+    }
+    let parents_safe = folder
+        .ancestors()
+        .skip(1)
+        .take(3)
+        .all(|parent| std::fs::symlink_metadata(parent).is_ok_and(|meta| meta.is_dir() && safe(&meta)));
+    let file_ok = |name: &str| {
+        std::fs::symlink_metadata(folder.join(name)).is_ok_and(|meta| meta.is_file() && safe(&meta) && readable(&meta))
+    };
+    parents_safe
+        && DRIVER_FILES.iter().all(|(name, text)| {
+            file_ok(name) && std::fs::read(folder.join(name)).is_ok_and(|content| content == text.as_bytes())
+        })
+        && COMPILED_FILES.iter().all(|(_, pyc, _)| !folder.join(pyc).exists() || file_ok(pyc))
+}
 
 /// The read-only folder inside the sandbox that holds each run's own
 /// program: the code, the report and its FIFOs; the driver too when the

@@ -80,10 +80,12 @@ pub struct Runtime {
     pub describe: String,
     /// The host folder holding the driver for this interpreter: its sources
     /// and, where the interpreter could make it, their bytecode
-    /// ([`crate::driver::DRIVER_FILES`]). A backend that binds host folders
-    /// binds it read-only at [`crate::driver::DRIVER_DIR`] once per sandbox,
-    /// so that no run copies the driver in. `None`: the driver's sources
-    /// travel with each run's program, compiled inside.
+    /// ([`crate::driver::DRIVER_FILES`]). The Linux backend binds it
+    /// read-only at [`crate::driver::DRIVER_DIR`] once per sandbox, so that
+    /// no run copies the driver in, if it still holds this driver then
+    /// ([`crate::driver::folder_holds_this_driver`]). `None`, or a folder
+    /// that no longer does: the driver's sources travel with each run's
+    /// program, compiled inside.
     pub driver_dir: Option<PathBuf>,
     /// The venv (its prefix, inside the sandbox) whose `site` set-up is
     /// known before the interpreter starts, or `None` to let Python's own

@@ -174,7 +174,16 @@ impl Backend for LinuxBackend {
         let degraded = state.probe.check(policy)?;
         let seccomp = state.seccomp.clone();
         let helper = self.helper_path()?;
-        let (layout, binds) = mounts::layout_for(runtime)
+        let mut runtime = runtime.clone();
+        // The driver's folder, checked again as it is bound: one removed or
+        // changed since the runtime was made (a long-lived server's) is not
+        // bound, and each run brings the driver instead.
+        let owner = rustix::process::geteuid().as_raw();
+        if runtime.driver_dir.as_deref().is_some_and(|dir| !airlock_core::driver::folder_holds_this_driver(dir, owner))
+        {
+            runtime.driver_dir = None;
+        }
+        let (layout, binds) = mounts::layout_for(&runtime)
             .map_err(|e| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail: e.to_string() })?;
         let allocator = state.ids.as_ref().map_err(|detail| SandboxError::Setup {
             step: "choose the sandbox's host ids".to_owned(),
@@ -235,7 +244,7 @@ impl Backend for LinuxBackend {
             native: self.native.clone(),
             helper,
             policy: policy.clone(),
-            runtime: runtime.clone(),
+            runtime,
             user_ns,
             mount_ns,
             stage,

@@ -6,12 +6,14 @@
 //! its directories. Its root is the sandbox's root: a layout of empty
 //! mountpoints and a generated /etc, made once.
 //!
-//! At setup the root is finished once: the host's /usr and the Python
-//! installation bound read-only onto their mountpoints, five devices bound,
+//! At setup the root is finished once: the host's /usr, the Python
+//! installation and the driver's folder (at /.airlock-driver, see
+//! `Runtime::driver_dir`) bound read-only onto their mountpoints, five devices bound,
 //! /work and /tmp made mounts of their own, the rest made read-only (an image
 //! build's one writable directory excepted: see `RuntimeMount::writable`). Each run
 //! then, in a fresh copy of that mount namespace, mounts a fresh /proc with
-//! sensitive entries masked and a small tmpfs at /.airlock with the program,
+//! sensitive entries masked and a small tmpfs at /.airlock with the run's
+//! program (its code, report and FIFOs),
 //! and pivots into the root. nosuid and nodev are set on every mount but the
 //! five devices.
 

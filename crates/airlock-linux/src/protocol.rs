@@ -428,7 +428,8 @@ mod tests {
             hostname: "airlock".into(),
             program_files: vec![
                 ("main.py".into(), "print('é')".into()),
-                ("driver.pyc".into(), vec![0xa7, 0x0d, 0, 0xff]),
+                // Code is bytes, not always UTF-8.
+                ("main.sh".into(), vec![0xa7, 0x0d, 0, 0xff]),
             ],
             report_fifo: true,
             ready_fifo: true,

@@ -95,6 +95,8 @@ impl Instance for WasmInstance {
         self.copied_in = 0;
         let limits = &self.policy.limits;
         let caps = ReportCaps::default();
+        // A runtime of no driver folder (which only the Linux backend binds):
+        // the program carries the driver's sources, placed beside the code.
         let mut program = driver::program(job, &Runtime::default(), &caps);
         if let Some(first) = program.argv.first_mut() {
             *first = GUEST_PYTHON.to_owned();

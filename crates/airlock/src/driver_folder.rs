@@ -17,16 +17,18 @@
 //! standard input). Inside, `driver_start.py` uses a `.pyc` only if this
 //! interpreter made it from the very source beside it (its magic number and
 //! the source's hash, as Python's import system checks a checked-hash
-//! `.pyc`); anything else is compiled from the source. A wrong entry here
-//! costs the compile, never a difference in what runs.
+//! `.pyc`); anything else is compiled from the source. The sources
+//! themselves are checked against this build's, byte for byte, each time a
+//! runtime takes the folder and each time a sandbox binds it.
 
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use airlock_core::driver::{COMPILED_FILES, DRIVER_DIR, DRIVER_FILES, DRIVER_FINGERPRINT};
+use airlock_core::driver::{COMPILED_FILES, DRIVER_DIR, DRIVER_FILES, DRIVER_FINGERPRINT, folder_holds_this_driver};
 
 /// Compiles each file the arguments name (its path inside, its length; the
 /// sources follow one another on standard input) into a checked-hash .pyc,
@@ -45,9 +47,9 @@ for path, size in zip(args[::2], args[1::2]):
 "#;
 
 /// The driver's folder for the interpreter whose executable on the host is
-/// `executable`: found in the cache, else made now. `None` when it cannot be
-/// had (no data directory, an interpreter that does not compile): each run
-/// then brings the driver's sources, compiled inside.
+/// `executable`: found in the cache, else made now. `None` when no folder
+/// this process can trust can be had (no data directory, one another user
+/// can write): each run then brings the driver's sources, compiled inside.
 pub(crate) fn driver_folder(executable: &Path) -> Option<PathBuf> {
     let dir = airlock_core::paths::data_dir().ok()?.join("cache/driver");
     driver_folder_in(&dir, executable)
@@ -55,63 +57,100 @@ pub(crate) fn driver_folder(executable: &Path) -> Option<PathBuf> {
 
 /// [`driver_folder`], kept in `dir`: one folder per interpreter (as the file
 /// it is now) and driver (its every source, by their fingerprint, and where
-/// it is bound inside, which its bytecode names).
+/// it is bound inside, which its bytecode names). A folder is used only if
+/// it holds this driver and no other user can change it
+/// ([`folder_holds_this_driver`]); one that does not (damaged, left half
+/// made) is made again.
 pub(crate) fn driver_folder_in(dir: &Path, executable: &Path) -> Option<PathBuf> {
     let identity = interpreter_identity(executable)?;
     let key = format!("{identity}\n{DRIVER_DIR}\n{DRIVER_FINGERPRINT:016x}");
     let folder = dir.join(&airlock_core::sha256_hex(key.as_bytes())[..32]);
-    if is_whole(&folder) {
+    let owner = rustix::process::geteuid().as_raw();
+    if folder_holds_this_driver(&folder, owner) {
         return Some(folder);
     }
-    let sources: Vec<(&str, &str)> = COMPILED_FILES.iter().map(|&(name, _, source)| (name, source)).collect();
-    let bytecode = compile_on_host(executable, &sources)?;
-    make_folder(dir, &folder, &bytecode).ok()?;
-    Some(folder)
+    // Whatever went wrong making it, the folder is used only as checked.
+    let _ = make_folder(dir, &folder, executable);
+    folder_holds_this_driver(&folder, owner).then_some(folder)
 }
 
-/// Whether `folder` holds every file of the driver, each source at its
-/// length: a folder damaged on the host (a file removed or cut short) is
-/// made again rather than bound into every sandbox, whose runs it would
-/// fail. One `stat` a file: the folder is checked at every start.
-fn is_whole(folder: &Path) -> bool {
-    let size = |name: &str| fs::symlink_metadata(folder.join(name)).ok().filter(|m| m.is_file()).map(|m| m.len());
-    DRIVER_FILES.iter().all(|(name, source)| size(name) == Some(source.len() as u64))
-        && COMPILED_FILES.iter().all(|(_, pyc, _)| size(pyc).is_some_and(|len| len > 16))
-}
+/// Each staging folder of this process has a name of its own: two threads
+/// making the same folder at once must not write into each other's.
+static STAGING: AtomicU64 = AtomicU64::new(0);
 
-/// Writes the driver's sources and `bytecode` into a folder of their own
-/// below `dir`, then renames it to `folder`: a folder that exists is whole.
-/// Readable by everyone, as every tree bound into a sandbox must be when
-/// the sandbox's user is not the caller.
-fn make_folder(dir: &Path, folder: &Path, bytecode: &[Vec<u8>]) -> io::Result<()> {
+/// Writes the driver's sources and, where `executable` compiles them, their
+/// bytecode into a staging folder below `dir`, then renames it to `folder`:
+/// a folder that exists is whole. Readable by everyone, as every tree bound
+/// into a sandbox must be when the sandbox's user is not the caller, and
+/// writable by its owner alone, whatever the umask.
+fn make_folder(dir: &Path, folder: &Path, executable: &Path) -> io::Result<()> {
     fs::create_dir_all(dir)?;
-    let name = folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let staging = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    // What a process of this pid left behind, killed while it wrote.
-    let _ = fs::remove_dir_all(&staging);
-    // A damaged folder of this name goes first (a rename does not replace
-    // a folder that holds anything).
-    if folder.exists() && !is_whole(folder) {
-        let _ = fs::remove_dir_all(folder);
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    remove_stale_staging(dir);
+    // The cache of an earlier airlock, which kept the bytecode alone.
+    if let Some(cache) = dir.parent() {
+        let _ = fs::remove_dir_all(cache.join("bytecode"));
     }
+    let name = folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let staging =
+        dir.join(format!(".{name}.{}.{}{STAGING_SUFFIX}", std::process::id(), STAGING.fetch_add(1, Ordering::Relaxed)));
+    // Made before the interpreter is asked to compile: a folder that cannot
+    // be written costs no compile.
     fs::create_dir(&staging)?;
     let written = (|| {
         for (name, source) in DRIVER_FILES {
             write_readable(&staging.join(name), source.as_bytes())?;
         }
-        for ((_, pyc, _), content) in COMPILED_FILES.iter().zip(bytecode) {
-            write_readable(&staging.join(pyc), content)?;
+        // Without bytecode, the folder still saves each run its copy; the
+        // driver is then compiled inside at each run.
+        let sources: Vec<(&str, &str)> = COMPILED_FILES.iter().map(|&(name, _, source)| (name, source)).collect();
+        if let Some(bytecode) = compile_on_host(executable, &sources) {
+            for ((_, pyc, _), content) in COMPILED_FILES.iter().zip(&bytecode) {
+                write_readable(&staging.join(pyc), content)?;
+            }
         }
         fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))?;
+        // Another process may have made it meanwhile; else what is there is
+        // damaged (a rename does not replace a folder that holds anything).
+        if folder_holds_this_driver(folder, rustix::process::geteuid().as_raw()) {
+            return Ok(());
+        }
+        if fs::symlink_metadata(folder).is_ok() {
+            remove(folder)?;
+        }
         fs::rename(&staging, folder)
     })();
-    if written.is_err() {
-        let _ = fs::remove_dir_all(&staging);
+    let _ = remove(&staging);
+    written
+}
+
+const STAGING_SUFFIX: &str = ".tmp";
+
+/// Removes the staging folders that processes killed while they wrote left
+/// here more than ten minutes ago.
+fn remove_stale_staging(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let old = entry
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() > 600);
+        if name.starts_with('.') && name.ends_with(STAGING_SUFFIX) && old {
+            let _ = remove(&entry.path());
+        }
     }
-    match written {
-        // Another process made the same folder first: it is as good.
-        Err(_) if folder.is_dir() => Ok(()),
-        other => other,
+}
+
+/// Removes a folder, a file or a link at `path` (never what a link names).
+fn remove(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -175,11 +214,16 @@ mod tests {
         std::env::split_paths(&path).map(|d| d.join("python3")).find(|p| p.is_file())
     }
 
+    fn owner() -> u32 {
+        rustix::process::geteuid().as_raw()
+    }
+
     #[test]
     fn the_folder_is_made_once_whole_and_readable_then_found() {
         let Some(python) = host_python() else { return };
         let dir = tempfile::tempdir().unwrap();
-        let folder = driver_folder_in(dir.path(), &python).expect("the folder is made");
+        let cache = dir.path().join("cache/driver");
+        let folder = driver_folder_in(&cache, &python).expect("the folder is made");
         let mut names: Vec<String> =
             fs::read_dir(&folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();
@@ -194,46 +238,90 @@ mod tests {
                 "driver_template.py"
             ]
         );
-        for (name, source) in DRIVER_FILES {
-            assert_eq!(fs::read_to_string(folder.join(name)).unwrap(), source);
-        }
         for (_, pyc, _) in COMPILED_FILES {
             assert_eq!(&fs::read(folder.join(pyc)).unwrap()[4..8], b"\x03\x00\x00\x00", "a checked-hash .pyc");
-            let mode = fs::metadata(folder.join(pyc)).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o644, "{pyc}");
         }
-        assert_eq!(fs::metadata(&folder).unwrap().permissions().mode() & 0o777, 0o755);
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "one folder, no staging left");
+        assert!(folder_holds_this_driver(&folder, owner()));
+        assert_eq!(fs::read_dir(&cache).unwrap().count(), 1, "one folder, no staging left");
 
         // Found, not made again: a mark left in it stays.
         fs::write(folder.join("mark"), "").unwrap();
-        assert_eq!(driver_folder_in(dir.path(), &python).as_deref(), Some(folder.as_path()));
+        assert_eq!(driver_folder_in(&cache, &python).as_deref(), Some(folder.as_path()));
         assert!(folder.join("mark").exists());
 
-        // Damaged on the host (a file gone, a file cut short): made again, whole.
-        for damage in
-            [|f: &Path| fs::remove_file(f.join("driver_start.py")), |f: &Path| fs::write(f.join("driver.py"), "")]
-        {
-            damage(&folder).unwrap();
-            assert_eq!(driver_folder_in(dir.path(), &python).as_deref(), Some(folder.as_path()));
-            assert!(is_whole(&folder) && !folder.join("mark").exists(), "the damaged folder was not made again");
+        assert_eq!(driver_folder_in(&cache, Path::new("/nonexistent/python3")), None);
+    }
+
+    /// A folder that does not hold this driver, or that another user could
+    /// change, is never taken: it is made again, or, where it cannot be,
+    /// there is no folder (each run brings the driver). (Before, a length
+    /// check let a changed driver_start.py of the same length run.)
+    #[test]
+    fn a_damaged_or_changed_folder_is_made_again() {
+        let Some(python) = host_python() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache/driver");
+        let folder = driver_folder_in(&cache, &python).unwrap();
+        let changed = airlock_core::driver::DRIVER_START_SOURCE.replacen("exec(", "eval(", 1);
+        assert!(
+            changed.len() == airlock_core::driver::DRIVER_START_SOURCE.len()
+                && changed != airlock_core::driver::DRIVER_START_SOURCE
+        );
+        type Damage = (&'static str, fn(&Path));
+        let damages: [Damage; 6] = [
+            ("a source gone", |f| fs::remove_file(f.join("driver_start.py")).unwrap()),
+            ("a source cut short", |f| fs::write(f.join("driver.py"), "").unwrap()),
+            ("a source changed, same length", |f| {
+                let changed = airlock_core::driver::DRIVER_START_SOURCE.replacen("exec(", "eval(", 1);
+                fs::write(f.join("driver_start.py"), changed).unwrap();
+            }),
+            ("a source replaced by a link", |f| {
+                fs::remove_file(f.join("driver_report.py")).unwrap();
+                std::os::unix::fs::symlink("/etc/passwd", f.join("driver_report.py")).unwrap();
+            }),
+            ("a file others may write", |f| {
+                fs::set_permissions(f.join("driver.pyc"), fs::Permissions::from_mode(0o666)).unwrap()
+            }),
+            ("the folder closed to others", |f| fs::set_permissions(f, fs::Permissions::from_mode(0o700)).unwrap()),
+        ];
+        for (what, damage) in damages {
             fs::write(folder.join("mark"), "").unwrap();
+            damage(&folder);
+            assert!(!folder_holds_this_driver(&folder, owner()), "{what}: taken as it is");
+            assert_eq!(driver_folder_in(&cache, &python).as_deref(), Some(folder.as_path()), "{what}");
+            assert!(
+                folder_holds_this_driver(&folder, owner()) && !folder.join("mark").exists(),
+                "{what}: not made again"
+            );
         }
 
-        assert_eq!(driver_folder_in(dir.path(), Path::new("/nonexistent/python3")), None);
+        // A cache folder another user could swap the folder in: none used.
+        fs::set_permissions(&cache, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(!folder_holds_this_driver(&folder, owner()));
+        // (Made again, and the cache folder closed again, by its owner.)
+        assert_eq!(driver_folder_in(&cache, &python).as_deref(), Some(folder.as_path()));
+        assert_eq!(fs::metadata(&cache).unwrap().permissions().mode() & 0o777, 0o755);
+        // A file another user owns (who could change it): not taken.
+        if owner() == 0 {
+            std::os::unix::fs::chown(folder.join("driver.py"), Some(65534), None).unwrap();
+            assert!(!folder_holds_this_driver(&folder, owner()), "a file nobody owns is taken");
+            assert_eq!(driver_folder_in(&cache, &python).as_deref(), Some(folder.as_path()));
+            assert_eq!(fs::metadata(folder.join("driver.py")).unwrap().uid(), 0, "not made again");
+        }
     }
 
     #[test]
-    fn a_folder_another_process_made_first_is_taken() {
+    fn two_threads_making_the_same_folder_both_get_it_whole() {
+        let Some(python) = host_python() else { return };
         let dir = tempfile::tempdir().unwrap();
-        let folder = dir.path().join("made-by-another");
-        let bytecode = [vec![7; 32], vec![8; 32]];
-        make_folder(dir.path(), &folder, &bytecode).unwrap();
-        assert!(is_whole(&folder));
-        // Made whole by another process between our look and our rename.
-        fs::write(folder.join("mark"), "").unwrap();
-        make_folder(dir.path(), &folder, &bytecode).expect("the other's folder stands");
-        assert!(folder.join("mark").exists(), "the other's folder was replaced");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "the staging folder is removed");
+        let cache = dir.path().join("cache/driver");
+        let made: Vec<Option<PathBuf>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| driver_folder_in(&cache, &python))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let folder = made[0].clone().expect("made");
+        assert!(made.iter().all(|m| m.as_deref() == Some(folder.as_path())), "{made:?}");
+        assert!(folder_holds_this_driver(&folder, owner()));
+        assert_eq!(fs::read_dir(&cache).unwrap().count(), 1, "no staging folder left");
     }
 }
