@@ -351,7 +351,7 @@ pub fn assert_ended_as_an_exit_does(stdout: &str, sandbox: &mut Sandbox) {
 /// (`/.airlock-driver`) from inside: each file appended to, truncated,
 /// chmod-ed, touched, unlinked and renamed; a file, a folder and a link
 /// created; the mount remounted, bound over and detached. Prints whether
-/// the mount is read-only, nosuid and nodev, then what it changed.
+/// the mount is read-only, nosuid, nodev and noexec, then what it changed.
 pub const CHANGE_THE_DRIVER: &str = r#"
 import ctypes, os
 d = "/.airlock-driver"
@@ -382,5 +382,5 @@ if libc.mount(b"/work", d.encode(), None, MS_BIND, None) == 0:
     changed.append("bind over")
 if libc.umount2(d.encode(), 2) == 0:
     changed.append("detach")
-print(bool(flags & os.ST_RDONLY), bool(flags & os.ST_NOSUID), bool(flags & os.ST_NODEV), changed)
+print(bool(flags & os.ST_RDONLY), bool(flags & os.ST_NOSUID), bool(flags & os.ST_NODEV), bool(flags & os.ST_NOEXEC), changed)
 "#;

@@ -123,7 +123,7 @@ fn no_run_can_change_the_driver_every_run_shares() {
     let folder = runtime.driver_dir.clone().expect("the host's Python has a driver folder");
     let before = files_in(&folder);
     let record = python(Policy::default(), airlock_tests::CHANGE_THE_DRIVER);
-    assert_eq!(ok_stdout(&record), "True True True []");
+    assert_eq!(ok_stdout(&record), "True True True True []");
     let after = files_in(&folder);
     assert!(before == after, "the host's driver folder changed");
     // And the next run's driver is the one every run gets.

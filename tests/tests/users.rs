@@ -92,7 +92,7 @@ fn as_nobody_no_run_can_change_the_driver_every_run_shares() {
     let output = run_as_nobody(home.path(), &[], &[&lowered[..], &[airlock_tests::CHANGE_THE_DRIVER]].concat());
     let attack = record(&output);
     assert_eq!(attack["status"], "ok", "{attack}");
-    assert_eq!(attack["stdout"], "True True True []\n", "{attack}");
+    assert_eq!(attack["stdout"], "True True True True []\n", "{attack}");
     let folders: Vec<PathBuf> =
         std::fs::read_dir(home.path().join("cache/driver")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(folders.len(), 1, "{folders:?}");

@@ -125,7 +125,7 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
         LayoutEntry::Dir { path: "etc".into(), mode: 0o755 },
         LayoutEntry::Dir { path: "usr".into(), mode: 0o755 },
     ];
-    let mut binds = vec![Bind { source: "/usr".into(), target: "/usr".into(), writable: false }];
+    let mut binds = vec![Bind { source: "/usr".into(), target: "/usr".into(), writable: false, noexec: false }];
     // The top-level library and binary folders: symbolic links into /usr on
     // merged-/usr systems (copied as links), real folders elsewhere (bound).
     for name in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
@@ -138,7 +138,12 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
             }
             Ok(meta) if meta.is_dir() => {
                 entries.push(LayoutEntry::Dir { path: name.into(), mode: 0o755 });
-                binds.push(Bind { source: host.display().to_string(), target: format!("/{name}"), writable: false });
+                binds.push(Bind {
+                    source: host.display().to_string(),
+                    target: format!("/{name}"),
+                    writable: false,
+                    noexec: false,
+                });
             }
             _ => {}
         }
@@ -146,7 +151,12 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
     // The driver, bound once for the sandbox's life (see `Runtime::driver_dir`).
     if let Some(driver) = &runtime.driver_dir {
         entries.push(LayoutEntry::Dir { path: DRIVER_DIR.trim_start_matches('/').into(), mode: 0o755 });
-        binds.push(Bind { source: driver.display().to_string(), target: DRIVER_DIR.into(), writable: false });
+        binds.push(Bind {
+            source: driver.display().to_string(),
+            target: DRIVER_DIR.into(),
+            writable: false,
+            noexec: true,
+        });
     }
     for name in DEVICES {
         entries.push(LayoutEntry::MountFile { path: format!("dev/{name}") });
@@ -191,7 +201,12 @@ pub fn layout_for(runtime: &Runtime) -> Result<(Vec<LayoutEntry>, Vec<Bind>), La
         if mount.writable && !is_dir {
             return Err(LayoutError::WritableFile(source.display().to_string()));
         }
-        binds.push(Bind { source: source.display().to_string(), target: target_text, writable: mount.writable });
+        binds.push(Bind {
+            source: source.display().to_string(),
+            target: target_text,
+            writable: mount.writable,
+            noexec: false,
+        });
     }
     for file in &runtime.files {
         let (RuntimeFile::Text { sandbox, .. } | RuntimeFile::Link { sandbox, .. }) = file;
@@ -289,6 +304,7 @@ pub fn clone_binds(binds: &[Bind]) -> Result<Clones, Failure> {
     for b in binds {
         // A writable directory is one host directory, not a tree: no mounts below it come along.
         let (attributes, recursive) = if b.writable { (WRITABLE, false) } else { (READ_ONLY, true) };
+        let attributes = if b.noexec { attributes | sys::MOUNT_ATTR_NOEXEC } else { attributes };
         clones.push((b.clone(), clone_tree(Path::new(&b.source), attributes, recursive)?));
     }
     let mut devices = Vec::new();
@@ -341,11 +357,12 @@ pub fn hide_host_paths(clones: Clones) -> Result<Trees, Failure> {
         fs::create_dir_all(&layer).map_err(|e| Failure::new(step, layer.clone(), &e))?;
         move_mount(clone.as_fd(), "", CWD, layer.as_str(), MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
             .map_err(|e| Failure::new(step, layer.clone(), &e.into()))?;
-        match overlay(&layer) {
+        match overlay(&layer, bind.noexec) {
             Ok(fd) => trees.push((fd, target)),
             Err(_) => {
                 shown.push(bind.source.clone());
-                trees.push((clone_tree(Path::new(&layer), READ_ONLY, true)?, target));
+                let attributes = if bind.noexec { READ_ONLY | sys::MOUNT_ATTR_NOEXEC } else { READ_ONLY };
+                trees.push((clone_tree(Path::new(&layer), attributes, true)?, target));
             }
         }
     }
@@ -359,8 +376,8 @@ pub fn hide_host_paths(clones: Clones) -> Result<Trees, Failure> {
 const EMPTY_LAYER: &str = ".empty";
 
 /// A detached read-only overlay of `layer` (a path relative to the current
-/// folder) over [`EMPTY_LAYER`].
-fn overlay(layer: &str) -> rustix::io::Result<OwnedFd> {
+/// folder) over [`EMPTY_LAYER`], `noexec` if asked.
+fn overlay(layer: &str, noexec: bool) -> rustix::io::Result<OwnedFd> {
     use rustix::mount::{
         FsMountFlags, FsOpenFlags, MountAttrFlags, fsconfig_create, fsconfig_set_string, fsmount, fsopen,
     };
@@ -376,8 +393,11 @@ fn overlay(layer: &str) -> rustix::io::Result<OwnedFd> {
         fsconfig_set_string(&fs, key, value)?;
     }
     fsconfig_create(&fs)?;
-    let attributes =
+    let mut attributes =
         MountAttrFlags::MOUNT_ATTR_RDONLY | MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
+    if noexec {
+        attributes |= MountAttrFlags::MOUNT_ATTR_NOEXEC;
+    }
     fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attributes)
 }
 
@@ -770,7 +790,12 @@ mod tests {
     #[test]
     fn a_tree_closed_to_others_is_refused_with_the_fix() {
         let root = tempfile::tempdir().unwrap();
-        let bind = |path: &Path| Bind { source: path.display().to_string(), target: "/x".to_owned(), writable: false };
+        let bind = |path: &Path| Bind {
+            source: path.display().to_string(),
+            target: "/x".to_owned(),
+            writable: false,
+            noexec: false,
+        };
         fs::set_permissions(root.path(), fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(check_readable_by_others(&[bind(root.path())]), Ok(()));
         fs::set_permissions(root.path(), fs::Permissions::from_mode(0o700)).unwrap();

@@ -91,6 +91,10 @@ pub struct Bind {
     pub target: String,
     #[serde(default)]
     pub writable: bool,
+    /// Nothing below it may be executed (the driver's folder, which is only
+    /// read); the interpreter's own trees are executable.
+    #[serde(default)]
+    pub noexec: bool,
 }
 
 /// How Landlock should restrict the code.

@@ -56,6 +56,7 @@ impl Stage {
             source: source.display().to_string(),
             target: target.to_owned(),
             writable: false,
+            noexec: false,
         };
         let binds = vec![bind(&installed.stdlib_dir, STAGE_STDLIB), bind(&installed.mpl_data, STAGE_MPL_DATA)];
         if host_id.mapping != confine::IdMapping::Caller {
@@ -99,6 +100,7 @@ impl Stage {
                 source: p.display().to_string(),
                 target: String::new(),
                 writable: false,
+                noexec: false,
             });
             confine::check_readable_by_others(&binds)
                 .map_err(|detail| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail })?;
