@@ -80,35 +80,38 @@ pub const DRIVER_FINGERPRINT: u64 = {
 /// Whether `folder` holds this build's driver and only `owner` (the user
 /// that made it: the caller) or root can change it: every source of
 /// [`DRIVER_FILES`], byte for byte, and any bytecode of [`COMPILED_FILES`]
-/// (which `driver_start.py` checks against those sources inside); the
-/// folder and its three parents (`<data>/cache/driver/<key>`) owned by
-/// `owner` or root and writable by no one else unless sticky; every file
-/// and the folder readable by everyone, as a tree bound into a sandbox
-/// whose user is not the caller must be. Anything else (a file gone, cut
-/// short or changed, a folder another user could swap) is not bound into a
-/// sandbox, whose every later run it would reach. About 60 KB read.
+/// (which `driver_start.py` checks against those sources inside: its
+/// header, not its code, so none may come from anyone else); the folder
+/// and its files owned by `owner` or root and writable by no one else; its
+/// three parents (`<data>/cache/driver/<key>`) owned by them too, and
+/// writable by no one else or sticky (where no one else can move what is
+/// ours); every file and the folder readable
+/// by everyone, as a tree bound into a sandbox whose user is not the caller
+/// must be. Anything else (a file gone, cut short, changed or a link, a
+/// folder another user could add to or swap) is not bound into a sandbox,
+/// whose every later run it would reach. About 60 KB read.
 pub fn folder_holds_this_driver(folder: &Path, owner: u32) -> bool {
-    let safe = |meta: &std::fs::Metadata| {
-        (meta.uid() == owner || meta.uid() == 0) && (meta.mode() & 0o022 == 0 || meta.mode() & 0o1000 != 0)
-    };
-    let readable = |meta: &std::fs::Metadata| meta.mode() & 0o004 != 0;
+    let ours = |meta: &std::fs::Metadata| meta.uid() == owner || meta.uid() == 0;
+    let closed = |meta: &std::fs::Metadata| ours(meta) && meta.mode() & 0o022 == 0;
     let Ok(top) = std::fs::symlink_metadata(folder) else { return false };
-    if !top.is_dir() || !safe(&top) || top.mode() & 0o005 != 0o005 {
+    if !top.is_dir() || !closed(&top) || top.mode() & 0o005 != 0o005 {
         return false;
     }
-    let parents_safe = folder
-        .ancestors()
-        .skip(1)
-        .take(3)
-        .all(|parent| std::fs::symlink_metadata(parent).is_ok_and(|meta| meta.is_dir() && safe(&meta)));
-    let file_ok = |name: &str| {
-        std::fs::symlink_metadata(folder.join(name)).is_ok_and(|meta| meta.is_file() && safe(&meta) && readable(&meta))
+    let parents_safe = folder.ancestors().skip(1).take(3).all(|parent| {
+        std::fs::symlink_metadata(parent)
+            .is_ok_and(|meta| meta.is_dir() && ours(&meta) && (meta.mode() & 0o022 == 0 || meta.mode() & 0o1000 != 0))
+    });
+    // A regular file, ours, closed to others' writes, open to their reads;
+    // `None` when nothing is there at all.
+    let file = |name: &str| match std::fs::symlink_metadata(folder.join(name)) {
+        Ok(meta) => Some(meta.is_file() && closed(&meta) && meta.mode() & 0o004 != 0),
+        Err(_) => None,
     };
     parents_safe
         && DRIVER_FILES.iter().all(|(name, text)| {
-            file_ok(name) && std::fs::read(folder.join(name)).is_ok_and(|content| content == text.as_bytes())
+            file(name) == Some(true) && std::fs::read(folder.join(name)).is_ok_and(|content| content == text.as_bytes())
         })
-        && COMPILED_FILES.iter().all(|(_, pyc, _)| !folder.join(pyc).exists() || file_ok(pyc))
+        && COMPILED_FILES.iter().all(|(_, pyc, _)| file(pyc) != Some(false))
 }
 
 /// The read-only folder inside the sandbox that holds each run's own

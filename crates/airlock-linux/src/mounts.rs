@@ -304,8 +304,7 @@ pub fn clone_binds(binds: &[Bind]) -> Result<Clones, Failure> {
     for b in binds {
         // A writable directory is one host directory, not a tree: no mounts below it come along.
         let (attributes, recursive) = if b.writable { (WRITABLE, false) } else { (READ_ONLY, true) };
-        let attributes = if b.noexec { attributes | sys::MOUNT_ATTR_NOEXEC } else { attributes };
-        clones.push((b.clone(), clone_tree(Path::new(&b.source), attributes, recursive)?));
+        clones.push((b.clone(), clone_tree(Path::new(&b.source), attributes | noexec(b), recursive)?));
     }
     let mut devices = Vec::new();
     for name in DEVICES {
@@ -361,8 +360,7 @@ pub fn hide_host_paths(clones: Clones) -> Result<Trees, Failure> {
             Ok(fd) => trees.push((fd, target)),
             Err(_) => {
                 shown.push(bind.source.clone());
-                let attributes = if bind.noexec { READ_ONLY | sys::MOUNT_ATTR_NOEXEC } else { READ_ONLY };
-                trees.push((clone_tree(Path::new(&layer), attributes, true)?, target));
+                trees.push((clone_tree(Path::new(&layer), READ_ONLY | noexec(&bind), true)?, target));
             }
         }
     }
@@ -370,6 +368,11 @@ pub fn hide_host_paths(clones: Clones) -> Result<Trees, Failure> {
     unmount(scratch, UnmountFlags::DETACH).map_err(|e| Failure::new(step, "detach the scratch tmpfs", &e.into()))?;
     trees.extend(clones.devices);
     Ok(Trees { trees, host_paths_shown: shown })
+}
+
+/// The `noexec` attribute where `bind` asks for it, else none.
+fn noexec(bind: &Bind) -> u64 {
+    if bind.noexec { sys::MOUNT_ATTR_NOEXEC } else { 0 }
 }
 
 /// The empty second layer of every overlay.

@@ -268,7 +268,7 @@ mod tests {
                 && changed != airlock_core::driver::DRIVER_START_SOURCE
         );
         type Damage = (&'static str, fn(&Path));
-        let damages: [Damage; 6] = [
+        let damages: [Damage; 9] = [
             ("a source gone", |f| fs::remove_file(f.join("driver_start.py")).unwrap()),
             ("a source cut short", |f| fs::write(f.join("driver.py"), "").unwrap()),
             ("a source changed, same length", |f| {
@@ -283,6 +283,18 @@ mod tests {
                 fs::set_permissions(f.join("driver.pyc"), fs::Permissions::from_mode(0o666)).unwrap()
             }),
             ("the folder closed to others", |f| fs::set_permissions(f, fs::Permissions::from_mode(0o700)).unwrap()),
+            // Sticky does not close a folder: anyone may add the bytecode it lacks.
+            ("the folder open to all, sticky", |f| {
+                fs::remove_file(f.join("driver.pyc")).unwrap();
+                fs::set_permissions(f, fs::Permissions::from_mode(0o1777)).unwrap();
+            }),
+            ("a file open to all, sticky", |f| {
+                fs::set_permissions(f.join("driver.py"), fs::Permissions::from_mode(0o1666)).unwrap()
+            }),
+            ("bytecode replaced by a link", |f| {
+                fs::remove_file(f.join("driver.pyc")).unwrap();
+                std::os::unix::fs::symlink("/nonexistent/driver.pyc", f.join("driver.pyc")).unwrap();
+            }),
         ];
         for (what, damage) in damages {
             fs::write(folder.join("mark"), "").unwrap();
