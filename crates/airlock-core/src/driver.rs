@@ -114,6 +114,30 @@ pub fn folder_holds_this_driver(folder: &Path, owner: u32) -> bool {
         && COMPILED_FILES.iter().all(|(_, pyc, _)| file(pyc) != Some(false))
 }
 
+/// How often the use of a driver folder is written down, as its mtime
+/// ([`note_folder_used`]).
+pub const FOLDER_USE_NOTED_EVERY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Writes down that `folder`, a driver folder, is in use: sets its mtime to
+/// now when it is older than [`FOLDER_USE_NOTED_EVERY`] (at most one write a
+/// day, not one per start). Every runtime that takes a folder and every
+/// sandbox that binds one notes it, so a folder whose mtime is weeks old is
+/// one nothing uses, which the folder's maker may remove. Best effort: a
+/// folder whose time cannot be set is only the more likely to be made again.
+pub fn note_folder_used(folder: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(meta) = std::fs::symlink_metadata(folder) else { return };
+    let noted_lately =
+        meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age < FOLDER_USE_NOTED_EVERY);
+    if !meta.is_dir() || noted_lately {
+        return;
+    }
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(folder);
+    if let Ok(dir) = opened {
+        let _ = dir.set_modified(std::time::SystemTime::now());
+    }
+}
+
 /// The read-only folder inside the sandbox that holds each run's own
 /// program: the code, the report and its FIFOs; the driver too when the
 /// runtime has no folder of its own for it.

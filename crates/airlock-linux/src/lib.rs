@@ -179,9 +179,12 @@ impl Backend for LinuxBackend {
         // changed since the runtime was made (a long-lived server's) is not
         // bound, and each run brings the driver instead.
         let owner = rustix::process::geteuid().as_raw();
-        if runtime.driver_dir.as_deref().is_some_and(|dir| !airlock_core::driver::folder_holds_this_driver(dir, owner))
-        {
-            runtime.driver_dir = None;
+        match runtime.driver_dir.as_deref() {
+            Some(dir) if airlock_core::driver::folder_holds_this_driver(dir, owner) => {
+                airlock_core::driver::note_folder_used(dir);
+            }
+            Some(_) => runtime.driver_dir = None,
+            None => {}
         }
         let (layout, binds) = mounts::layout_for(&runtime)
             .map_err(|e| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail: e.to_string() })?;

@@ -28,7 +28,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use airlock_core::driver::{COMPILED_FILES, DRIVER_DIR, DRIVER_FILES, DRIVER_FINGERPRINT, folder_holds_this_driver};
+use airlock_core::driver::{
+    COMPILED_FILES, DRIVER_DIR, DRIVER_FILES, DRIVER_FINGERPRINT, FOLDER_USE_NOTED_EVERY, folder_holds_this_driver,
+    note_folder_used,
+};
 
 /// Compiles each file the arguments name (its path inside, its length; the
 /// sources follow one another on standard input) into a checked-hash .pyc,
@@ -64,14 +67,52 @@ pub(crate) fn driver_folder(executable: &Path) -> Option<PathBuf> {
 pub(crate) fn driver_folder_in(dir: &Path, executable: &Path) -> Option<PathBuf> {
     let identity = interpreter_identity(executable)?;
     let key = format!("{identity}\n{DRIVER_DIR}\n{DRIVER_FINGERPRINT:016x}");
-    let folder = dir.join(&airlock_core::sha256_hex(key.as_bytes())[..32]);
+    let folder = dir.join(&airlock_core::sha256_hex(key.as_bytes())[..KEY_CHARS]);
     let owner = rustix::process::geteuid().as_raw();
     if folder_holds_this_driver(&folder, owner) {
+        note_folder_used(&folder);
         return Some(folder);
     }
     // Whatever went wrong making it, the folder is used only as checked.
-    let _ = make_folder(dir, &folder, executable);
+    if make_folder(dir, &folder, executable).is_ok() {
+        remove_unused_folders(dir, &folder);
+    }
     folder_holds_this_driver(&folder, owner).then_some(folder)
+}
+
+/// The length of a folder's name: hexadecimal digits of its key's hash.
+const KEY_CHARS: usize = 32;
+
+/// A folder nothing has noted using for this long is removed when another
+/// is made ([`remove_unused_folders`]): about 130 KB each, one per
+/// interpreter and airlock build, would otherwise pile up with every
+/// upgrade. Many times [`FOLDER_USE_NOTED_EVERY`], so that a folder in use
+/// is never this old.
+const UNUSED_FOR: std::time::Duration = FOLDER_USE_NOTED_EVERY.saturating_mul(30);
+
+/// Removes the driver folders in `dir` but `made` whose mtime, which every
+/// runtime and sandbox that uses one keeps within a day
+/// ([`note_folder_used`]), is older than [`UNUSED_FOR`]. Only when a folder
+/// was made (a new interpreter or airlock build), never on a start's path.
+/// A folder removed while something still held it costs that holder its
+/// speed, never a run: a sandbox binds only a folder it checked, and a
+/// runtime that finds none makes it again.
+fn remove_unused_folders(dir: &Path, made: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let is_key = name.len() == KEY_CHARS && name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_hexdigit()));
+        let unused = fs::symlink_metadata(&path)
+            .ok()
+            .filter(fs::Metadata::is_dir)
+            .and_then(|meta| meta.modified().ok())
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > UNUSED_FOR);
+        if is_key && unused && path != made {
+            let _ = remove(&path);
+        }
+    }
 }
 
 /// Each staging folder of this process has a name of its own: two threads
@@ -320,6 +361,56 @@ mod tests {
             assert_eq!(driver_folder_in(&cache, &python).as_deref(), Some(folder.as_path()));
             assert_eq!(fs::metadata(folder.join("driver.py")).unwrap().uid(), 0, "not made again");
         }
+    }
+
+    fn set_age(path: &Path, days: u64) {
+        let when = std::time::SystemTime::now() - std::time::Duration::from_secs(days * 24 * 3600);
+        fs::File::open(path).unwrap().set_modified(when).unwrap();
+    }
+
+    fn age_in_days(path: &Path) -> u64 {
+        fs::symlink_metadata(path).unwrap().modified().unwrap().elapsed().unwrap_or_default().as_secs() / (24 * 3600)
+    }
+
+    /// A folder in use is noted as such (its mtime, at most once a day), and
+    /// a folder nothing used for a month is removed when another is made:
+    /// only a folder with a key's name, never a link or anything else. (Before,
+    /// every interpreter's and airlock build's folder stayed for good.)
+    #[test]
+    fn a_folder_unused_for_a_month_is_removed_when_another_is_made() {
+        let Some(python) = host_python() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache/driver");
+        let folder = driver_folder_in(&cache, &python).unwrap();
+
+        set_age(&folder, 10);
+        assert_eq!(driver_folder_in(&cache, &python).as_deref(), Some(folder.as_path()));
+        assert_eq!(age_in_days(&folder), 0, "a folder taken is noted as used");
+        let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        fs::File::open(&folder).unwrap().set_modified(an_hour_ago).unwrap();
+        driver_folder_in(&cache, &python).unwrap();
+        assert_eq!(fs::metadata(&folder).unwrap().modified().unwrap(), an_hour_ago, "noted at most once a day");
+
+        let key = |c: char| cache.join(c.to_string().repeat(KEY_CHARS));
+        let (old, recent, not_a_key, linked) = (key('a'), key('b'), cache.join("old-but-not-a-key"), key('c'));
+        let outside = dir.path().join("outside");
+        for made in [&old, &recent, &not_a_key, &outside] {
+            fs::create_dir(made).unwrap();
+            fs::write(made.join("file"), "").unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, &linked).unwrap();
+        for (path, days) in [(&old, 31), (&recent, 29), (&not_a_key, 90), (&outside, 90), (&folder, 31)] {
+            set_age(path, days);
+        }
+
+        // Another interpreter (the same file by another path: another key).
+        let other = dir.path().join("python-by-another-path");
+        std::os::unix::fs::symlink(&python, &other).unwrap();
+        let made = driver_folder_in(&cache, &other).unwrap();
+        assert_ne!(made, folder);
+        assert!(!old.exists() && !folder.exists(), "folders unused for a month are removed");
+        assert!(recent.join("file").exists() && not_a_key.join("file").exists() && made.exists());
+        assert!(fs::symlink_metadata(&linked).is_ok() && outside.join("file").exists(), "a link is not followed");
     }
 
     #[test]
