@@ -73,6 +73,15 @@ pub mod exit {
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() -> ExitCode {
+    // SAFETY: called once, first, while the command has one thread: it
+    // registers fork handlers that take and release the allocator's lock, so
+    // that a fork made while another thread allocates (none is made today:
+    // helpers are spawned without allocating in the child) cannot leave the
+    // child a lock no thread of its own holds.
+    #[cfg(target_env = "musl")]
+    unsafe {
+        dlmalloc::enable_alloc_after_fork()
+    };
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {

@@ -179,12 +179,13 @@ impl Backend for LinuxBackend {
         // changed since the runtime was made (a long-lived server's) is not
         // bound, and each run brings the driver instead.
         let owner = rustix::process::geteuid().as_raw();
-        match runtime.driver_dir.as_deref() {
-            Some(dir) if airlock_core::driver::folder_holds_this_driver(dir, owner) => {
-                airlock_core::driver::note_folder_used(dir);
-            }
-            Some(_) => runtime.driver_dir = None,
-            None => {}
+        // Noted first, as in use (see `driver::note_folder_used`).
+        if let Some(dir) = runtime.driver_dir.as_deref() {
+            airlock_core::driver::note_folder_used(dir);
+        }
+        if runtime.driver_dir.as_deref().is_some_and(|dir| !airlock_core::driver::folder_holds_this_driver(dir, owner))
+        {
+            runtime.driver_dir = None;
         }
         let (layout, binds) = mounts::layout_for(&runtime)
             .map_err(|e| SandboxError::Setup { step: "lay out the sandbox".to_owned(), detail: e.to_string() })?;

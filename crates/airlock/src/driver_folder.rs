@@ -69,15 +69,20 @@ pub(crate) fn driver_folder_in(dir: &Path, executable: &Path) -> Option<PathBuf>
     let key = format!("{identity}\n{DRIVER_DIR}\n{DRIVER_FINGERPRINT:016x}");
     let folder = dir.join(&airlock_core::sha256_hex(key.as_bytes())[..KEY_CHARS]);
     let owner = rustix::process::geteuid().as_raw();
+    // Noted before it is checked: a folder about to be used is never one a
+    // pruner that reads its mtime after this takes for unused.
+    note_folder_used(&folder);
     if folder_holds_this_driver(&folder, owner) {
-        note_folder_used(&folder);
         return Some(folder);
     }
-    // Whatever went wrong making it, the folder is used only as checked.
-    if make_folder(dir, &folder, executable).is_ok() {
+    // Whatever went wrong making it, the folder is used only as checked,
+    // and the others pruned only where it passed (its parents ours alone).
+    let _ = make_folder(dir, &folder, executable);
+    let made = folder_holds_this_driver(&folder, owner);
+    if made {
         remove_unused_folders(dir, &folder);
     }
-    folder_holds_this_driver(&folder, owner).then_some(folder)
+    made.then_some(folder)
 }
 
 /// The length of a folder's name: hexadecimal digits of its key's hash.
@@ -92,24 +97,31 @@ const UNUSED_FOR: std::time::Duration = FOLDER_USE_NOTED_EVERY.saturating_mul(30
 
 /// Removes the driver folders in `dir` but `made` whose mtime, which every
 /// runtime and sandbox that uses one keeps within a day
-/// ([`note_folder_used`]), is older than [`UNUSED_FOR`]. Only when a folder
-/// was made (a new interpreter or airlock build), never on a start's path.
-/// A folder removed while something still held it costs that holder its
-/// speed, never a run: a sandbox binds only a folder it checked, and a
-/// runtime that finds none makes it again.
+/// ([`note_folder_used`]), is older than [`UNUSED_FOR`]. Only once a folder
+/// was made (a new interpreter or airlock build, or one found damaged) and
+/// passed its check, so never through a cache folder another user could
+/// swap. A folder removed while something held it costs that holder its
+/// speed: a runtime that finds none makes it again, and a sandbox binds
+/// only a folder it checked, each noting it first. One window stays: a
+/// sandbox that checked a folder unused for a month in the microseconds
+/// before another process removes it fails to be made, and says so.
 fn remove_unused_folders(dir: &Path, made: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name();
-        let is_key = name.len() == KEY_CHARS && name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_hexdigit()));
-        let unused = fs::symlink_metadata(&path)
+    let unused = |path: &Path| {
+        fs::symlink_metadata(path)
             .ok()
             .filter(fs::Metadata::is_dir)
             .and_then(|meta| meta.modified().ok())
             .and_then(|modified| modified.elapsed().ok())
-            .is_some_and(|age| age > UNUSED_FOR);
-        if is_key && unused && path != made {
+            .is_some_and(|age| age > UNUSED_FOR)
+    };
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let is_key = name.len() == KEY_CHARS
+            && name.to_str().is_some_and(|n| n.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+        // Its mtime read just before the removal: one noted meanwhile stays.
+        if is_key && path != made && unused(&path) {
             let _ = remove(&path);
         }
     }
@@ -393,13 +405,16 @@ mod tests {
 
         let key = |c: char| cache.join(c.to_string().repeat(KEY_CHARS));
         let (old, recent, not_a_key, linked) = (key('a'), key('b'), cache.join("old-but-not-a-key"), key('c'));
+        let upper_case = key('D');
         let outside = dir.path().join("outside");
-        for made in [&old, &recent, &not_a_key, &outside] {
+        for made in [&old, &recent, &not_a_key, &upper_case, &outside] {
             fs::create_dir(made).unwrap();
             fs::write(made.join("file"), "").unwrap();
         }
         std::os::unix::fs::symlink(&outside, &linked).unwrap();
-        for (path, days) in [(&old, 31), (&recent, 29), (&not_a_key, 90), (&outside, 90), (&folder, 31)] {
+        for (path, days) in
+            [(&old, 31), (&recent, 29), (&not_a_key, 90), (&upper_case, 90), (&outside, 90), (&folder, 31)]
+        {
             set_age(path, days);
         }
 
@@ -410,6 +425,7 @@ mod tests {
         assert_ne!(made, folder);
         assert!(!old.exists() && !folder.exists(), "folders unused for a month are removed");
         assert!(recent.join("file").exists() && not_a_key.join("file").exists() && made.exists());
+        assert!(upper_case.join("file").exists(), "no key is upper case");
         assert!(fs::symlink_metadata(&linked).is_ok() && outside.join("file").exists(), "a link is not followed");
     }
 
