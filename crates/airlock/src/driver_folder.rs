@@ -267,6 +267,15 @@ mod tests {
         std::env::split_paths(&path).map(|d| d.join("python3")).find(|p| p.is_file())
     }
 
+    /// A cache folder of its own (in a folder removed with the returned
+    /// guard), and the driver's folder made in it for `python`.
+    fn folder_in_a_new_cache(python: &Path) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache/driver");
+        let folder = driver_folder_in(&cache, python).expect("the folder is made");
+        (dir, cache, folder)
+    }
+
     fn owner() -> u32 {
         rustix::process::geteuid().as_raw()
     }
@@ -274,9 +283,7 @@ mod tests {
     #[test]
     fn the_folder_is_made_once_whole_and_readable_then_found() {
         let Some(python) = host_python() else { return };
-        let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("cache/driver");
-        let folder = driver_folder_in(&cache, &python).expect("the folder is made");
+        let (_dir, cache, folder) = folder_in_a_new_cache(&python);
         let mut names: Vec<String> =
             fs::read_dir(&folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();
@@ -312,9 +319,7 @@ mod tests {
     #[test]
     fn a_damaged_or_changed_folder_is_made_again() {
         let Some(python) = host_python() else { return };
-        let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("cache/driver");
-        let folder = driver_folder_in(&cache, &python).unwrap();
+        let (_dir, cache, folder) = folder_in_a_new_cache(&python);
         let changed = airlock_core::driver::DRIVER_START_SOURCE.replacen("exec(", "eval(", 1);
         assert!(
             changed.len() == airlock_core::driver::DRIVER_START_SOURCE.len()
@@ -391,9 +396,7 @@ mod tests {
     #[test]
     fn a_folder_unused_for_a_month_is_removed_when_another_is_made() {
         let Some(python) = host_python() else { return };
-        let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("cache/driver");
-        let folder = driver_folder_in(&cache, &python).unwrap();
+        let (dir, cache, folder) = folder_in_a_new_cache(&python);
 
         set_age(&folder, 10);
         assert_eq!(driver_folder_in(&cache, &python).as_deref(), Some(folder.as_path()));
