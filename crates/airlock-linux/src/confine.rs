@@ -57,7 +57,7 @@ pub struct Stage {
 pub fn make_stage(helper: &Path, host_id: HostId, mut plan: SetupPlan) -> Result<Stage, SandboxError> {
     plan.ids = host_id.mapping.clone();
     // No run of this stage has a helper to wait for: its setup helper is reaped now.
-    let (made, _) = crate::start_setup(helper, plan, None, false)?.finish()?;
+    let (made, _) = crate::start_setup(helper, plan, None, || None)?.finish()?;
     let crate::Made { fds: [user_ns, mount_ns, root, work, tmp], host_paths_shown, helpers } = made;
     drop(helpers);
     let files = file_access(&host_id.mapping, helper, &user_ns)?;

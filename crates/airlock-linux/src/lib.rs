@@ -92,6 +92,9 @@ pub struct LinuxBackend {
     /// A helper started while the host is probed, for the first sandbox's
     /// setup (see `spare`).
     spare: std::sync::Mutex<Option<spare::SpareHelper>>,
+    /// A helper started with that one, for the first sandbox's first run
+    /// (see `spare`).
+    run_spare: std::sync::Mutex<Option<spare::SpareHelper>>,
 }
 
 #[derive(Debug)]
@@ -127,15 +130,18 @@ impl LinuxBackend {
         self.state.get_or_init(|| {
             let helper = self.helper_path().ok();
             let cgroups = Hierarchy::detect(helper.as_deref());
-            // The first sandbox's setup helper, started now so that its
-            // start overlaps the rest of the probe and the caller's own work;
-            // once the cgroup is known, since finding it may move this
+            // The first sandbox's setup helper and its first run's helper,
+            // started now so that their starts (and the run's network
+            // namespace) overlap the rest of the probe and the caller's own
+            // work; once the cgroup is known, since finding it may move this
             // process into a systemd scope, and every helper starts where it
             // would without a spare. Held until the first sandbox, or until
             // the backend goes (see `spare`).
             if let Some(helper) = &helper {
                 *self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                     spare::SpareHelper::start(helper);
+                *self.run_spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    spare::SpareHelper::start_for_run(helper);
             }
             if let Ok(h) = &cgroups {
                 // The next start after a crash cleans up what it left.
@@ -170,6 +176,7 @@ impl Backend for LinuxBackend {
         let state = self.state();
         // Taken first, so that a sandbox refused below ends it too.
         let spare = self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let run_spare = self.run_spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         policy.check(&state.probe.host)?;
         let degraded = state.probe.check(policy)?;
         let seccomp = state.seccomp.clone();
@@ -212,7 +219,17 @@ impl Backend for LinuxBackend {
             binds,
         };
         let cgroups = if degraded.contains(&Layer::Cgroups) { None } else { state.cgroups.clone().ok() };
-        let building = start_setup(&helper, plan, spare, true);
+        // The run's spare started with the probe, if this thread started it
+        // (only that thread may use it); else one started once the setup is
+        // sent, while the sandbox is built. One of another thread's is
+        // refused, and reaped with the sandbox's ending helpers.
+        let (run_spare, refused_run_spare) = match run_spare {
+            Some(s) if s.started_on_this_thread() => (Some(s), None),
+            Some(s) => (None, s.refuse()),
+            None => (None, None),
+        };
+        let next_for_run = || run_spare.or_else(|| spare::SpareHelper::start_for_run(&helper));
+        let building = start_setup(&helper, plan, spare, next_for_run);
         // While the helper builds: the cgroup of the sandbox's first run,
         // made now rather than after the sandbox is handed over (see
         // `LinuxInstance::first_cgroup`). A failure here is the run's to
@@ -226,7 +243,8 @@ impl Backend for LinuxBackend {
         // A sandbox that cannot be made may mean the host changed since a
         // remembered trial: the next start probes again, and names the fix.
         let (made, run_helper) = building.and_then(Building::finish).inspect_err(|_| probe::forget_trial())?;
-        let Made { fds: [user_ns, mount_ns, stage, work, tmp], host_paths_shown, helpers } = made;
+        let Made { fds: [user_ns, mount_ns, stage, work, tmp], host_paths_shown, mut helpers } = made;
+        helpers.extend(refused_run_spare);
         let files = confine::file_access(&host_id.mapping, &helper, &user_ns)?;
         for (name, content) in &runtime.tmp_seed {
             // Checked as a path below a directory, as those below /work are.
@@ -338,13 +356,14 @@ pub(crate) struct Building {
 }
 
 /// Sends `plan` to a helper (`spare`, where this thread started one), and
-/// with `spare_for_run` starts a helper for the sandbox's first run while
-/// it builds (see `spare`). The sandbox comes from [`Building::finish`].
+/// then takes the helper for the sandbox's first run from `next_for_run`
+/// (a spare, or one it starts while the sandbox builds; see `spare`). The
+/// sandbox comes from [`Building::finish`].
 pub(crate) fn start_setup(
     helper: &Path,
     plan: SetupPlan,
     spare: Option<spare::SpareHelper>,
-    spare_for_run: bool,
+    next_for_run: impl FnOnce() -> Option<spare::SpareHelper>,
 ) -> Result<Building, SandboxError> {
     let spare::Started { child, socket, refused } = spare::HelperSource { path: helper, spare }
         .start()
@@ -354,7 +373,7 @@ pub(crate) fn start_setup(
     let ending = supervise::Ending(child);
     protocol::send_request(socket.as_fd(), &Request::Setup(plan), &[])
         .map_err(|e| SandboxError::io("talking to the helper", e))?;
-    let next = if spare_for_run { spare::SpareHelper::start_for_run(helper) } else { None };
+    let next = next_for_run();
     Ok(Building { ending, socket, refused, next })
 }
 

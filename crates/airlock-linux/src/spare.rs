@@ -7,10 +7,16 @@
 //! millisecond, against 0.2 ms for the static musl build airlock-build makes
 //! where it can. A cold run has two such starts on its path, one after the
 //! other: the helper that makes the sandbox, then the helper that makes the
-//! run. A spare takes them off the path: the backend starts one while it
-//! probes the host (the setup's helper, used once the plan is ready), and
-//! the setup starts one while the sandbox is built (the run's helper), which
-//! makes the run's network namespace while it waits (see `network`).
+//! run. A spare takes them off the path: the backend starts two while it
+//! probes the host, the setup's helper (used once the plan is ready) and
+//! the first run's helper, which makes the run's network namespace while it
+//! waits (see `network`); a later sandbox's setup starts its run's helper
+//! while the sandbox is built. The first run's starts with the probe: a
+//! cold run is almost wholly serial, and during the probe the second CPU
+//! is idle, where while the sandbox is built three processes (the command,
+//! the setup's helper and this one making a network namespace, 0.5 ms of
+//! CPU) shared two CPUs: 1.355x bare Python against 1.327x for a cold
+//! `airlock run` (bench/results/startup.md, stop 36).
 //!
 //! A spare is an ordinary helper, started as [`spawn_helper`] starts every
 //! helper, that has not been sent its request yet: it closes everything but
@@ -55,6 +61,20 @@ impl SpareHelper {
     /// while it waits ([`crate::child::RUN_SPARE_ARG`]).
     pub(crate) fn start_for_run(helper: &Path) -> Option<SpareHelper> {
         SpareHelper::spawn(helper, &[crate::child::RUN_SPARE_ARG])
+    }
+
+    /// Whether the calling thread started it: only that thread may use it.
+    pub(crate) fn started_on_this_thread(&self) -> bool {
+        self.thread == std::thread::current().id() && self.process == std::process::id()
+    }
+
+    /// Hands it back unused: its socket closed, so it exits by itself, and
+    /// its process to reap later where it is this process's child (a
+    /// fork's copy leaves it to its parent).
+    pub(crate) fn refuse(mut self) -> Option<Ending> {
+        let (child, socket) = self.started.take()?;
+        drop(socket);
+        (self.process == std::process::id()).then_some(Ending(child))
     }
 
     fn spawn(helper: &Path, args: &[&str]) -> Option<SpareHelper> {
@@ -194,6 +214,23 @@ mod tests {
             assert!(!alive(pid));
             end(Started { refused: None, ..started });
         }
+    }
+
+    /// The backend's spare for a first run is used only where it may be:
+    /// by the thread that started it (see `LinuxBackend::create`).
+    #[test]
+    fn a_spare_says_whether_this_thread_started_it() {
+        let spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        assert!(spare.started_on_this_thread());
+        let spare = std::thread::spawn(move || {
+            assert!(!spare.started_on_this_thread(), "another thread took a spare for its own");
+            spare
+        })
+        .join()
+        .unwrap();
+        assert!(spare.started_on_this_thread());
+        let started = HelperSource { path: Path::new(WAITER), spare: Some(spare) }.start().unwrap();
+        end(started);
     }
 
     #[test]
