@@ -10,13 +10,14 @@
 //! run. A spare takes them off the path: the backend starts two while it
 //! probes the host, the setup's helper (used once the plan is ready) and
 //! the first run's helper, which makes the run's network namespace while it
-//! waits (see `network`); a later sandbox's setup starts its run's helper
-//! while the sandbox is built. The first run's starts with the probe: a
+//! waits (see `network`). The first run's starts with the probe: a
 //! cold run is almost wholly serial, and during the probe the second CPU
 //! is idle, where while the sandbox is built three processes (the command,
 //! the setup's helper and this one making a network namespace, 0.5 ms of
-//! CPU) shared two CPUs: 1.355x bare Python against 1.327x for a cold
-//! `airlock run` (bench/results/startup.md, stop 36).
+//! CPU) shared two CPUs: a cold `airlock run` went from 1.37x bare Python
+//! to 1.35x (bench/results/startup.md, stop 36). A later sandbox's setup,
+//! and the first one's made on another thread, starts its run's helper
+//! while the sandbox is built.
 //!
 //! A spare is an ordinary helper, started as [`spawn_helper`] starts every
 //! helper, that has not been sent its request yet: it closes everything but
@@ -74,7 +75,8 @@ impl SpareHelper {
     pub(crate) fn refuse(mut self) -> Option<Ending> {
         let (child, socket) = self.started.take()?;
         drop(socket);
-        (self.process == std::process::id()).then_some(Ending(child))
+        // Made only when it is ours: an `Ending` dropped kills and reaps.
+        if self.process == std::process::id() { Some(Ending(child)) } else { None }
     }
 
     fn spawn(helper: &Path, args: &[&str]) -> Option<SpareHelper> {
@@ -231,6 +233,32 @@ mod tests {
         assert!(spare.started_on_this_thread());
         let started = HelperSource { path: Path::new(WAITER), spare: Some(spare) }.start().unwrap();
         end(started);
+    }
+
+    /// A refused spare: its socket closed, it exits by itself and is
+    /// handed back to be reaped; a fork's copy is left to its parent.
+    #[test]
+    fn a_refused_spare_ends_by_itself_and_is_reaped() {
+        let spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        let pid = pid_of(&spare);
+        let mut refused = spare.refuse().expect("this process's child, to reap");
+        eventually("the refused spare ended by itself", || refused.try_reap());
+        assert!(!alive(pid));
+
+        let mut spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        let pid = pid_of(&spare);
+        let (child, socket) = spare.started.take().unwrap();
+        let copy = SpareHelper {
+            started: Some((child, socket.try_clone().unwrap())),
+            path: spare.path.clone(),
+            thread: spare.thread,
+            process: std::process::id().wrapping_add(1),
+        };
+        assert!(copy.refuse().is_none(), "a fork would reap its parent's child");
+        assert!(alive(pid), "a fork's refusal ended its parent's spare");
+        drop(socket);
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).unwrap();
     }
 
     #[test]
