@@ -93,16 +93,10 @@ impl SpareHelper {
     /// and it is still waiting. Otherwise `Err`, with the spare to reap
     /// later where it is this process's child and has not been reaped.
     fn claim(mut self, helper: &Path) -> Result<(Child, OwnedFd), Option<Ending>> {
+        if !self.started_on_this_thread() || self.path != helper {
+            return Err(self.refuse());
+        }
         let (mut child, socket) = self.started.take().ok_or(None)?;
-        if self.process != std::process::id() {
-            // A fork's copy: its socket closed, the child left to its parent.
-            return Err(None);
-        }
-        if self.thread != std::thread::current().id() || self.path != helper {
-            // Its socket closed, it exits by itself.
-            drop(socket);
-            return Err(Some(Ending(child)));
-        }
         match child.try_wait() {
             Ok(None) => Ok((child, socket)),
             // It has exited (someone killed it), and is reaped now.
@@ -157,6 +151,7 @@ impl HelperSource<'_> {
 #[cfg(test)]
 mod tests {
     use super::{HelperSource, SpareHelper, Started};
+    use std::os::fd::OwnedFd;
     use std::path::Path;
 
     /// A stand-in helper that waits on its socket, as the helper does:
@@ -179,6 +174,37 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "{what}: still not so after 10 s");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// The parent's side of a spare whose copy a fork holds.
+    struct ParentsSpare {
+        pid: u32,
+        socket: OwnedFd,
+    }
+
+    impl ParentsSpare {
+        /// Its socket closed, the spare exits, and the parent reaps it.
+        fn end(self) {
+            drop(self.socket);
+            let pid = rustix::process::Pid::from_raw(self.pid as i32).unwrap();
+            rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).unwrap();
+        }
+    }
+
+    /// A spare, and the copy a fork of this process holds: the same fields,
+    /// but its process id is another's, and its socket a copy (the parent
+    /// keeps its own).
+    fn a_forks_copy() -> (SpareHelper, ParentsSpare) {
+        let mut spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
+        let pid = pid_of(&spare);
+        let (child, socket) = spare.started.take().unwrap();
+        let copy = SpareHelper {
+            started: Some((child, socket.try_clone().unwrap())),
+            path: spare.path.clone(),
+            thread: spare.thread,
+            process: std::process::id().wrapping_add(1),
+        };
+        (copy, ParentsSpare { pid, socket })
     }
 
     fn end(started: Started) {
@@ -245,20 +271,10 @@ mod tests {
         eventually("the refused spare ended by itself", || refused.try_reap());
         assert!(!alive(pid));
 
-        let mut spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
-        let pid = pid_of(&spare);
-        let (child, socket) = spare.started.take().unwrap();
-        let copy = SpareHelper {
-            started: Some((child, socket.try_clone().unwrap())),
-            path: spare.path.clone(),
-            thread: spare.thread,
-            process: std::process::id().wrapping_add(1),
-        };
+        let (copy, parents) = a_forks_copy();
         assert!(copy.refuse().is_none(), "a fork would reap its parent's child");
-        assert!(alive(pid), "a fork's refusal ended its parent's spare");
-        drop(socket);
-        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).unwrap();
+        assert!(alive(parents.pid), "a fork's refusal ended its parent's spare");
+        parents.end();
     }
 
     #[test]
@@ -278,25 +294,12 @@ mod tests {
     /// it nor kills it nor reaps it (the spare is its parent's child).
     #[test]
     fn a_forks_copy_of_a_spare_is_left_to_its_parent() {
-        let mut spare = SpareHelper::start(Path::new(WAITER)).expect("cat starts");
-        let pid = pid_of(&spare);
-        let (child, socket) = spare.started.take().unwrap();
-        // The copy a fork of this process holds: the same fields, but its
-        // process id is another's, and its socket a copy (the parent keeps its own).
-        let copy = SpareHelper {
-            started: Some((child, socket.try_clone().unwrap())),
-            path: spare.path.clone(),
-            thread: spare.thread,
-            process: std::process::id().wrapping_add(1),
-        };
+        let (copy, parents) = a_forks_copy();
         let started = HelperSource { path: Path::new(WAITER), spare: Some(copy) }.start().unwrap();
-        assert_ne!(started.child.id(), pid, "a fork used its parent's spare");
+        assert_ne!(started.child.id(), parents.pid, "a fork used its parent's spare");
         assert!(started.refused.is_none(), "a fork would reap its parent's child");
-        assert!(alive(pid), "a fork killed its parent's spare");
+        assert!(alive(parents.pid), "a fork killed its parent's spare");
         end(started);
-        // The parent's side: its socket closed, the spare exits and is reaped.
-        drop(socket);
-        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()).unwrap();
+        parents.end();
     }
 }
