@@ -220,7 +220,7 @@ def main():
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
 
-    for name in ("airlock", "airlock-init"):
+    for name in ("airlock", "airlock-serve", "airlock-init"):
         if not os.access(os.path.join(BIN, name), os.X_OK):
             flag = " --release" if BIN.endswith("release") else ""
             raise SystemExit(f"{BIN}/{name} is missing: build it first with cargo build --workspace --bins{flag}")

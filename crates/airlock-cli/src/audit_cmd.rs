@@ -1,5 +1,10 @@
 //! `airlock audit`: check the chain, show a run, list runs, and browse them
 //! all in the console on loopback.
+//!
+//! Both binaries of this package include this module. The console (`show
+//! --html` and `ui`) is `crate::console`: in `airlock-serve`, which links the
+//! server crate it comes from, the console itself; in `airlock`, which does
+//! not (for its cold start), an exec of `airlock-serve`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -114,7 +119,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         AuditCommand::Show { id, json, html } => {
             let run = store.get(&id)?.with_context(|| format!("there is no run {id:?} in {}", path.display()))?;
             if html {
-                print!("{}", airlock_server::console::report(&run, &store)?);
+                print!("{}", crate::console::report(&run, &store)?);
             } else if json {
                 println!("{}", serde_json::to_string_pretty(&run)?);
             } else {
@@ -124,7 +129,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         }
         AuditCommand::Migrate => Ok(ExitCode::SUCCESS),
         AuditCommand::Ui { listen } => {
-            ui(store, &listen)?;
+            crate::console::ui(store, &listen)?;
             Ok(ExitCode::SUCCESS)
         }
         AuditCommand::List { status, since, until, principal, limit, cursor, json } => {
@@ -159,32 +164,4 @@ pub fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-/// Serves the console on a loopback address until SIGINT or SIGTERM. The
-/// sign-in token is made now and printed: other users of this machine can
-/// reach loopback too, and any web page can send requests to it.
-fn ui(store: AuditStore, listen: &str) -> anyhow::Result<()> {
-    let address: std::net::SocketAddr =
-        listen.parse().with_context(|| format!("--listen {listen:?}: write an address such as 127.0.0.1:8760"))?;
-    if !address.ip().is_loopback() {
-        anyhow::bail!(
-            "--listen {listen}: `airlock audit ui` serves one person on their own machine, on loopback only \
-             (127.0.0.1 or [::1]); to serve others, use `airlock serve`, whose tokens say who sees what"
-        );
-    }
-    let (console, token) = airlock_server::console::Console::for_one_person(std::sync::Arc::new(store), "local")
-        .context("making the sign-in token")?;
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let listener =
-            tokio::net::TcpListener::bind(address).await.with_context(|| format!("listening on {address}"))?;
-        let bound = listener.local_addr().context("reading the listening address")?;
-        // Scripts read these lines to find the port and the token.
-        eprintln!("airlock: console at http://{bound}/ui");
-        eprintln!("airlock: sign in with the token {token}");
-        airlock_server::console::serve(console, listener, airlock_server::shutdown_signal()).await?;
-        anyhow::Ok(())
-    })
 }

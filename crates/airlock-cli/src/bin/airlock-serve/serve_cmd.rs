@@ -1,45 +1,20 @@
-//! `airlock serve` (HTTP API and MCP at /mcp) and `airlock mcp` (MCP over stdio).
+//! `airlock serve` (HTTP API and MCP at /mcp) and `airlock mcp` (MCP over
+//! stdio), run: the only code of this package that uses airlock_server, kept
+//! out of `airlock` itself (see the binary's main.rs).
 
 use std::path::PathBuf;
 
 use airlock_server::{FileConfig, PoolConfig, ServerConfig};
 use anyhow::Context;
-use clap::Args;
 
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    /// The operator's config: defaults, ceilings, tokens, files (TOML; see `airlock_server::config`).
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Listen on this address instead of the config's [default: 127.0.0.1:8750].
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<String>,
-    /// Copy a host file into every run's /work: HOST_PATH[:SANDBOX_PATH]. Repeatable.
-    #[arg(long = "file", value_name = "HOST[:SANDBOX]")]
-    files: Vec<String>,
-}
-
-#[derive(Debug, Args)]
-pub struct McpArgs {
-    /// The operator's config: defaults, ceilings, files (TOML). Tokens are not used over stdio.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Copy a host file into every run's /work: HOST_PATH[:SANDBOX_PATH]. Repeatable.
-    #[arg(long = "file", value_name = "HOST[:SANDBOX]")]
-    files: Vec<String>,
-    /// The name runs are recorded under in the audit store.
-    #[arg(long, value_name = "NAME")]
-    principal: Option<String>,
-    /// Sandboxes kept ready, preload imported, so that a run answers in
-    /// milliseconds [default: the config's [pool], else 1]; 0: every run cold.
-    #[arg(long, value_name = "N")]
-    pool: Option<usize>,
-}
+use crate::serve_args::{McpArgs, ServeArgs};
 
 /// `airlock mcp` is warm by default: an agent calls its tool many times,
 /// one at a time. Not for the wasm backend, which has no warm start.
 const MCP_POOL_SIZE: usize = 1;
 
+/// The operator's config at `config` (else the defaults), with the files
+/// given on the command line added to its own.
 fn load(config: Option<&PathBuf>, files: &[String]) -> anyhow::Result<ServerConfig> {
     let mut config = match config {
         Some(path) => ServerConfig::load(path)?,
@@ -49,10 +24,12 @@ fn load(config: Option<&PathBuf>, files: &[String]) -> anyhow::Result<ServerConf
     Ok(config)
 }
 
+/// The async runtime the server runs on.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
 }
 
+/// Serves the HTTP API, and MCP at /mcp, until a signal stops it.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = load(args.config.as_ref(), &args.files)?;
     if let Some(listen) = args.listen {
@@ -78,6 +55,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Serves MCP on standard input and output until the client closes them or
+/// a signal stops it.
 pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
     let mut config = load(args.config.as_ref(), &args.files)?;
     let wasm = config.defaults.backend.as_deref() == Some("wasm");
