@@ -7,8 +7,11 @@
 //! named itself (`airlock-<pid>-<start time>-<n>`); it never writes to the
 //! cgroup it runs in, except, on v2, to a cgroup delegated to it: by the
 //! operator with `AIRLOCK_CGROUP`, or by systemd as a transient scope (see
-//! `systemd`). Which of these a run used is its [`Route`].
+//! `systemd`). Which of these a run used is its [`Route`]. A run's cgroup
+//! directories are held open, and their files opened relative to them
+//! (`dir`).
 
+mod dir;
 mod systemd;
 mod v1;
 mod v2;
@@ -358,8 +361,7 @@ impl Hierarchy {
                 let Some(name) = name.to_str() else { continue };
                 if is_stale(name) {
                     let dir = entry.path();
-                    kill_procs(&dir);
-                    let _ = remove_dir_retrying(&dir);
+                    let _ = remove_dir_retrying(&dir, &|| kill_procs(&|| list_procs(&dir)));
                 }
             }
         }
@@ -449,14 +451,17 @@ fn process_start_time(pid: u32) -> Option<u64> {
 
 /// The processes listed in `dir/cgroup.procs`.
 fn list_procs(dir: &Path) -> Vec<i32> {
-    let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-    procs.lines().filter_map(|l| l.trim().parse().ok()).collect()
+    parse_procs(&fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default())
 }
 
-/// SIGKILLs every process listed in `dir/cgroup.procs`, once; returns
-/// whether there were any.
-fn kill_listed(dir: &Path) -> bool {
-    let pids = list_procs(dir);
+/// The pids of a `cgroup.procs` file's text.
+fn parse_procs(text: &str) -> Vec<i32> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// SIGKILLs every process `list` gives, once; returns whether there were any.
+fn kill_listed(list: &dyn Fn() -> Vec<i32>) -> bool {
+    let pids = list();
     for pid in &pids {
         if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
@@ -465,18 +470,23 @@ fn kill_listed(dir: &Path) -> bool {
     !pids.is_empty()
 }
 
-/// SIGKILLs every process in `dir`, again while some remain (one may fork
-/// as the list is read), for a tenth of a second at most.
-fn kill_procs(dir: &Path) {
+/// SIGKILLs every process `list` gives, again while some remain (one may
+/// fork as the list is read), for a tenth of a second at most.
+fn kill_procs(list: &dyn Fn() -> Vec<i32>) {
     for _ in 0..10 {
-        if !kill_listed(dir) {
+        if !kill_listed(list) {
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
+/// Removes the cgroup directory `dir`. A run's is empty by the time it is
+/// removed (its init is dead, and every process of the run with it), so it
+/// goes at once; while it is not (EBUSY: a process left, or the kernel still
+/// tearing the last ones down), `kill` is called and the removal retried,
+/// for about a second at most.
+fn remove_dir_retrying(dir: &Path, kill: &dyn Fn()) -> io::Result<()> {
     let mut last = Ok(());
     for attempt in 0..50 {
         match fs::remove_dir(dir) {
@@ -484,16 +494,10 @@ fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => last = Err(e),
         }
-        // EBUSY while the kernel still tears down the last tasks.
+        kill();
         std::thread::sleep(Duration::from_millis(if attempt < 10 { 2 } else { 20 }));
     }
     last
-}
-
-/// Opens a cgroup file or directory for the helper to use.
-fn open_for_helper(path: &Path, flags: rustix::fs::OFlags) -> io::Result<OwnedFd> {
-    rustix::fs::open(path, flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("opening {}: {e}", path.display())))
 }
 
 fn write(path: &Path, value: impl AsRef<[u8]>) -> io::Result<()> {
@@ -504,9 +508,9 @@ fn read_u64(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// The value of `key` in a flat keyed file (`key value` per line).
-fn read_key(path: &Path, key: &str) -> Option<u64> {
-    fs::read_to_string(path).ok()?.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+/// The value of `key` in the text of a flat keyed file (`key value` per line).
+fn value_of(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 #[cfg(test)]

@@ -5,9 +5,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::dir::Dir;
 use super::{
-    CONTROLLERS, CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, kill_procs, list_procs,
-    lower, open_for_helper, read_key, read_u64, remove_dir_retrying, write,
+    CONTROLLERS, CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, kill_procs, lower,
+    remove_dir_retrying, write,
 };
 
 const CPU_PERIOD_US: u64 = 100_000;
@@ -42,82 +43,77 @@ pub fn check_controllers(parent: &Path, delegated: bool) -> Result<(), String> {
 }
 
 pub struct V2Cgroup {
-    dir: PathBuf,
-    made: bool,
+    dir: Dir,
+    removed: bool,
 }
 
 impl V2Cgroup {
     pub fn create(name: &str, parent: &Path, delegated: bool, limits: &CgroupLimits) -> io::Result<V2Cgroup> {
         check_controllers(parent, delegated).map_err(io::Error::other)?;
-        let dir = parent.join(name);
-        fs::create_dir(&dir).map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
-        let cgroup = V2Cgroup { dir, made: true };
-        write(&cgroup.dir.join("memory.max"), limits.memory_bytes.to_string())?;
+        // Removed on drop from here on, should a limit not be set.
+        let cgroup = V2Cgroup { dir: Dir::make(parent.join(name))?, removed: false };
+        let dir = &cgroup.dir;
+        dir.write("memory.max", limits.memory_bytes.to_string())?;
         // No swap at all: a run cannot page out to get more memory.
-        write(&cgroup.dir.join("memory.swap.max"), "0")?;
+        dir.write("memory.swap.max", "0")?;
         // Kill the whole run on OOM, not one process of it.
-        let _ = write(&cgroup.dir.join("memory.oom.group"), "1");
-        write(&cgroup.dir.join("pids.max"), limits.pids.to_string())?;
+        let _ = dir.write("memory.oom.group", "1");
+        dir.write("pids.max", limits.pids.to_string())?;
         let quota = ((limits.cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
-        write(&cgroup.dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}"))?;
+        dir.write("cpu.max", format!("{quota} {CPU_PERIOD_US}"))?;
         Ok(cgroup)
     }
-}
 
-impl V2Cgroup {
     /// cgroup.kill (Linux 5.14) kills every process at once, even ones
     /// forking as we read the list; false on kernels without it. Opened
     /// without O_CREAT: the file exists on every kernel that has it.
     fn kill_at_once(&self) -> bool {
-        fs::OpenOptions::new()
-            .write(true)
-            .open(self.dir.join("cgroup.kill"))
-            .and_then(|mut f| std::io::Write::write_all(&mut f, b"1"))
-            .is_ok()
+        self.dir.has("cgroup.kill") && self.dir.write("cgroup.kill", "1").is_ok()
     }
 }
 
 impl RunCgroup for V2Cgroup {
     fn placement(&self) -> io::Result<Placement> {
-        open_for_helper(&self.dir, rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY).map(Placement::CloneInto)
+        self.dir.duplicate().map(Placement::CloneInto)
     }
 
     fn cpu_usage(&self) -> Option<Duration> {
-        read_key(&self.dir.join("cpu.stat"), "usage_usec").map(Duration::from_micros)
+        self.dir.read_key("cpu.stat", "usage_usec").map(Duration::from_micros)
     }
 
     fn stats(&self) -> CgroupStats {
+        let dir = &self.dir;
         CgroupStats {
             // memory.peak exists from Linux 5.19.
-            peak_memory_bytes: read_u64(&self.dir.join("memory.peak")),
-            oom_kills: read_key(&self.dir.join("memory.events"), "oom_kill").unwrap_or(0),
-            memory_max_hits: read_key(&self.dir.join("memory.events"), "max").unwrap_or(0),
-            pids_max_hits: read_key(&self.dir.join("pids.events"), "max").unwrap_or(0),
+            peak_memory_bytes: dir.read_u64("memory.peak"),
+            oom_kills: dir.read_key("memory.events", "oom_kill").unwrap_or(0),
+            memory_max_hits: dir.read_key("memory.events", "max").unwrap_or(0),
+            pids_max_hits: dir.read_key("pids.events", "max").unwrap_or(0),
             cpu_usage: self.cpu_usage(),
         }
     }
 
     fn processes(&self) -> Vec<i32> {
-        list_procs(&self.dir)
+        self.dir.procs()
     }
 
     fn kill_all(&self) {
         if !self.kill_at_once() {
-            kill_listed(&self.dir);
+            kill_listed(&|| self.dir.procs());
         }
     }
 
     fn remove(&mut self) -> io::Result<()> {
-        if !self.made {
+        if std::mem::replace(&mut self.removed, true) {
             return Ok(());
         }
-        if !self.kill_at_once() {
-            kill_procs(&self.dir);
-        }
-        remove_dir_retrying(&self.dir)
-            .map_err(|e| io::Error::new(e.kind(), format!("removing {}: {e}", self.dir.display())))?;
-        self.made = false;
-        Ok(())
+        let kill = || {
+            if !self.kill_at_once() {
+                kill_procs(&|| self.dir.procs());
+            }
+        };
+        remove_dir_retrying(self.dir.path(), &kill)
+            .map_err(|e| io::Error::new(e.kind(), format!("removing {}: {e}", self.dir.path().display())))
     }
 
     fn version(&self) -> &'static str {
@@ -125,19 +121,19 @@ impl RunCgroup for V2Cgroup {
     }
 
     fn memory_usage_file(&self) -> PathBuf {
-        self.dir.join("memory.current")
+        self.dir.file("memory.current")
     }
 
     fn adopt(&self, pid: i32) -> io::Result<()> {
-        write(&self.dir.join("cgroup.procs"), pid.to_string())
+        self.dir.write("cgroup.procs", pid.to_string())
     }
 
     fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String> {
         if let Some(limit) = memory_bytes {
-            lower("memory", &self.memory_usage_file(), &[&self.dir.join("memory.max")], limit, MIB)?;
+            lower("memory", &self.memory_usage_file(), &[&self.dir.file("memory.max")], limit, MIB)?;
         }
         if let Some(limit) = pids {
-            lower("processes", &self.dir.join("pids.current"), &[&self.dir.join("pids.max")], limit.into(), PROCESSES)?;
+            lower("processes", &self.dir.file("pids.current"), &[&self.dir.file("pids.max")], limit.into(), PROCESSES)?;
         }
         Ok(())
     }
