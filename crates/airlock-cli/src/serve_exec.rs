@@ -50,7 +50,15 @@ pub fn exec() -> anyhow::Error {
 /// (its real folder: `current_exe` follows a link to `airlock`).
 fn server_path() -> anyhow::Result<(PathBuf, String)> {
     if let Some(path) = std::env::var_os(SERVE_ENV).filter(|path| !path.is_empty()) {
-        return Ok((PathBuf::from(path), format!("named by {SERVE_ENV}:")));
+        let path = PathBuf::from(path);
+        // Never looked up in PATH or the working directory.
+        if !path.is_absolute() {
+            return Err(anyhow!(
+                "{SERVE_ENV}={} is not an absolute path: name {SERVE_NAME} by its full path",
+                path.display()
+            ));
+        }
+        return Ok((path, format!("named by {SERVE_ENV}:")));
     }
     let exe = std::env::current_exe()
         .map_err(|error| anyhow!("finding this program's folder, where {SERVE_NAME} sits, failed: {error}; {FIX}"))?;

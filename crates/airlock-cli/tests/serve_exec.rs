@@ -125,6 +125,17 @@ fn a_missing_airlock_serve_is_named_with_the_fix() {
     assert!(stderr.contains("AIRLOCK_SERVE"), "the error names the variable: {stderr}");
     assert!(stderr.contains("cargo build --release"), "the error says how to build it: {stderr}");
 
+    // A relative name is refused, never looked up in PATH.
+    let output = airlock(dir.path())
+        .env("AIRLOCK_SERVE", "airlock-serve")
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("not an absolute path"), "{stderr}");
+
     // Looked for beside airlock: a link to this build's airlock in a folder
     // without airlock-serve (a hard link, so that the program's path is there).
     let lone = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

@@ -95,9 +95,6 @@ pub struct LinuxBackend {
     /// A helper started with that one, for the first sandbox's first run
     /// (see `spare`).
     run_spare: std::sync::Mutex<Option<spare::SpareHelper>>,
-    /// Set once the cgroups a crashed airlock left were removed: while the
-    /// first sandbox is built.
-    stale_removed: OnceLock<()>,
 }
 
 #[derive(Debug)]
@@ -145,6 +142,14 @@ impl LinuxBackend {
                     spare::SpareHelper::start(helper);
                 *self.run_spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                     spare::SpareHelper::start_for_run(helper);
+            }
+            if let Ok(h) = &cgroups {
+                // The next start after a crash cleans up what it left:
+                // before any host id is taken, so that a process the dead
+                // airlock left in one of them (a degraded run's, without a
+                // PID namespace to end it) is gone before its host id is
+                // handed out again.
+                h.remove_stale();
             }
             let ids = hostid::Allocator::for_this_process();
             let probe = probe::probe_with_helper(&cgroups, &ids, helper.as_deref());
@@ -239,12 +244,6 @@ impl Backend for LinuxBackend {
             .filter(|_| building.is_ok())
             .and_then(|h| h.create(&limits).ok())
             .map(|made| (limits, made));
-        // The next sandbox after a crash removes the cgroups it left, once
-        // per backend: here, while the helper builds, rather than in the
-        // probe, which the setup's plan waits for.
-        if let Ok(h) = &state.cgroups {
-            self.stale_removed.get_or_init(|| h.remove_stale());
-        }
         // A sandbox that cannot be made may mean the host changed since a
         // remembered trial: the next start probes again, and names the fix.
         let (made, run_helper) = building.and_then(Building::finish).inspect_err(|_| probe::forget_trial())?;

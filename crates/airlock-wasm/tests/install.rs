@@ -149,3 +149,38 @@ fn a_preparation_that_fails_in_the_worker_says_why() {
     }
     assert!(!cache::cache_path(&moved).exists(), "a failed preparation left a compiled module");
 }
+
+/// A worker that answers with something else than its messages is not
+/// believed, and is not waited for: it is killed and reaped at once.
+#[test]
+fn a_worker_that_answers_wrongly_is_refused_and_ended() {
+    use std::os::unix::fs::PermissionsExt;
+    let found = installed();
+    let scratch = tempfile::tempdir().unwrap();
+    let fake = |name: &str, script: &str| {
+        let path = scratch.path().join(name);
+        fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    // Garbage, then a long wait: refused at the garbage, without the wait.
+    let garbage = fake("garbage", "echo 'not a message'\nexec sleep 60");
+    let started = std::time::Instant::now();
+    match compile::ensure_in_worker(&garbage, &found, &mut |_| {}) {
+        Err(cache::CacheError::Worker(why)) => assert!(why.contains("not a message"), "{why}"),
+        other => panic!("garbage must be refused, got {other:?}"),
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "the worker was waited for, not ended");
+    // Ready, but with a path that is not the cache file's.
+    let elsewhere = fake("elsewhere", r#"echo '{"Ready":"/etc/passwd"}'"#);
+    match compile::ensure_in_worker(&elsewhere, &found, &mut |_| {}) {
+        Err(cache::CacheError::Worker(why)) => assert!(why.contains("/etc/passwd"), "{why}"),
+        other => panic!("another path must be refused, got {other:?}"),
+    }
+    // No answer at all: said so, with where to look.
+    let silent = fake("silent", "exit 3");
+    match compile::ensure_in_worker(&silent, &found, &mut |_| {}) {
+        Err(cache::CacheError::Worker(why)) => assert!(why.contains("without an answer"), "{why}"),
+        other => panic!("no answer must be refused, got {other:?}"),
+    }
+}

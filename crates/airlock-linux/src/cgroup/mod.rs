@@ -8,8 +8,7 @@
 //! cgroup it runs in, except, on v2, to a cgroup delegated to it: by the
 //! operator with `AIRLOCK_CGROUP`, or by systemd as a transient scope (see
 //! `systemd`). Which of these a run used is its [`Route`]. A run's cgroup
-//! directories are held open, and their files opened relative to them
-//! (`dir`).
+//! files are opened by name relative to its directory (`dir`).
 
 mod dir;
 mod systemd;
@@ -361,7 +360,9 @@ impl Hierarchy {
                 let Some(name) = name.to_str() else { continue };
                 if is_stale(name) {
                     let dir = entry.path();
-                    let _ = remove_dir_retrying(&dir, &|| kill_procs(&|| list_procs(&dir)));
+                    let _ = remove_dir_retrying(&dir, &|| {
+                        kill_listed(&|| list_procs(&dir));
+                    });
                 }
             }
         }
@@ -470,22 +471,12 @@ fn kill_listed(list: &dyn Fn() -> Vec<i32>) -> bool {
     !pids.is_empty()
 }
 
-/// SIGKILLs every process `list` gives, again while some remain (one may
-/// fork as the list is read), for a tenth of a second at most.
-fn kill_procs(list: &dyn Fn() -> Vec<i32>) {
-    for _ in 0..10 {
-        if !kill_listed(list) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Removes the cgroup directory `dir`. A run's is empty by the time it is
 /// removed (its init is dead, and every process of the run with it), so it
 /// goes at once; while it is not (EBUSY: a process left, or the kernel still
-/// tearing the last ones down), `kill` is called and the removal retried,
-/// for about a second at most.
+/// tearing the last ones down), `kill` is called (once per try: a process
+/// forked as the list was read is killed at the next) and the removal
+/// retried, for about a second at most.
 fn remove_dir_retrying(dir: &Path, kill: &dyn Fn()) -> io::Result<()> {
     let mut last = Ok(());
     for attempt in 0..50 {

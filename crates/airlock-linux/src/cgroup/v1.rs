@@ -6,10 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::dir::Dir;
-use super::{
-    CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, kill_procs, lower,
-    remove_dir_retrying,
-};
+use super::{CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, lower, remove_dir_retrying};
 
 /// The CFS period airlock uses for CPU quotas, in microseconds.
 const CFS_PERIOD_US: u64 = 100_000;
@@ -55,14 +52,14 @@ impl V1Cgroup {
         let (Some(memory), Some(pids), Some(cpu)) = (made.next(), made.next(), made.next()) else {
             return Err(io::Error::other("three cgroup v1 hierarchies were asked for"));
         };
-        let usage_in_cpu = cpu.has("cpuacct.usage");
         // Removed on drop from here on, should a limit not be set.
-        let cgroup = V1Cgroup { memory, pids, cpu, cpuacct: made.next(), usage_in_cpu, removed: false };
+        let mut cgroup = V1Cgroup { memory, pids, cpu, cpuacct: made.next(), usage_in_cpu: false, removed: false };
+        let (memory, pids, cpu) = (cgroup.memory.open()?, cgroup.pids.open()?, cgroup.cpu.open()?);
+        let usage_in_cpu = cpu.has("cpuacct.usage");
 
         // Swap: the memory+swap limit equals the memory limit, so a run can
         // never page out to get more. Without swap accounting (memsw files
         // absent) swappiness 0 keeps the kernel from swapping the cgroup.
-        let memory = &cgroup.memory;
         memory.write("memory.limit_in_bytes", limits.memory_bytes.to_string())?;
         if memory.has("memory.memsw.limit_in_bytes") {
             memory.write("memory.memsw.limit_in_bytes", limits.memory_bytes.to_string())?;
@@ -76,10 +73,12 @@ impl V1Cgroup {
         if memory.has("memory.kmem.tcp.limit_in_bytes") {
             memory.write("memory.kmem.tcp.limit_in_bytes", limits.memory_bytes.to_string())?;
         }
-        cgroup.pids.write("pids.max", limits.pids.to_string())?;
-        cgroup.cpu.write("cpu.cfs_period_us", CFS_PERIOD_US.to_string())?;
+        pids.write("pids.max", limits.pids.to_string())?;
+        cpu.write("cpu.cfs_period_us", CFS_PERIOD_US.to_string())?;
         let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
-        cgroup.cpu.write("cpu.cfs_quota_us", quota.to_string())?;
+        cpu.write("cpu.cfs_quota_us", quota.to_string())?;
+        drop((memory, pids, cpu));
+        cgroup.usage_in_cpu = usage_in_cpu;
         Ok(cgroup)
     }
 
@@ -92,7 +91,7 @@ impl V1Cgroup {
 impl RunCgroup for V1Cgroup {
     fn placement(&self) -> io::Result<Placement> {
         self.dirs()
-            .map(|dir| dir.open_for_helper("tasks", rustix::fs::OFlags::WRONLY))
+            .map(|dir| dir.open()?.open_for_helper("tasks", rustix::fs::OFlags::WRONLY))
             .collect::<io::Result<_>>()
             .map(Placement::EnterTasks)
     }
@@ -105,22 +104,26 @@ impl RunCgroup for V1Cgroup {
     fn socket_memory_exhausted(&self) -> bool {
         // failcnt is not kept for this counter by every kernel (6.x stopped);
         // the peak reaching the limit says the same.
-        let read = |file: &str| self.memory.read_u64(file);
+        let Ok(memory) = self.memory.open() else { return false };
+        let read = |file: &str| memory.read_u64(file);
         read("memory.kmem.tcp.failcnt").is_some_and(|failures| failures > 0)
             || matches!((read("memory.kmem.tcp.max_usage_in_bytes"), read("memory.kmem.tcp.limit_in_bytes")),
                 (Some(peak), Some(limit)) if peak >= limit)
     }
 
     fn stats(&self) -> CgroupStats {
-        let memory = &self.memory;
+        let memory = self.memory.open().ok();
+        let read = |file: &str| memory.as_ref().and_then(|memory| memory.read_u64(file));
         // Socket buffers are the run's memory too: the peak counts them.
-        let tcp = memory.read_u64("memory.kmem.tcp.max_usage_in_bytes").unwrap_or(0);
+        let tcp = read("memory.kmem.tcp.max_usage_in_bytes").unwrap_or(0);
         CgroupStats {
-            peak_memory_bytes: memory.read_u64("memory.max_usage_in_bytes").map(|m| m + tcp),
-            oom_kills: memory.read_key("memory.oom_control", "oom_kill").unwrap_or(0),
+            peak_memory_bytes: read("memory.max_usage_in_bytes").map(|m| m + tcp),
+            oom_kills: memory
+                .as_ref()
+                .and_then(|memory| memory.read_key("memory.oom_control", "oom_kill"))
+                .unwrap_or(0),
             // memory+swap reaches its limit with memory (they are equal).
-            memory_max_hits: memory.read_u64("memory.failcnt").unwrap_or(0)
-                + memory.read_u64("memory.memsw.failcnt").unwrap_or(0),
+            memory_max_hits: read("memory.failcnt").unwrap_or(0) + read("memory.memsw.failcnt").unwrap_or(0),
             pids_max_hits: self.pids.read_key("pids.events", "max").unwrap_or(0),
             cpu_usage: self.cpu_usage(),
         }
@@ -139,7 +142,9 @@ impl RunCgroup for V1Cgroup {
         if std::mem::replace(&mut self.removed, true) {
             return Ok(());
         }
-        let kill = || kill_procs(&|| self.pids.procs());
+        let kill = || {
+            kill_listed(&|| self.pids.procs());
+        };
         let mut first_error = Ok(());
         for dir in self.dirs().rev() {
             if let Err(e) = remove_dir_retrying(dir.path(), &kill) {
@@ -161,7 +166,7 @@ impl RunCgroup for V1Cgroup {
     fn adopt(&self, pid: i32) -> io::Result<()> {
         // One write per hierarchy; the process waits through all of them.
         for dir in self.dirs() {
-            dir.write("cgroup.procs", pid.to_string())?;
+            dir.open()?.write("cgroup.procs", pid.to_string())?;
         }
         Ok(())
     }
@@ -170,10 +175,11 @@ impl RunCgroup for V1Cgroup {
         if let Some(limit) = memory_bytes {
             // As at creation: memory+swap and socket buffers get the same
             // limit. Memory first: memory+swap may never be under it.
+            let memory = self.memory.open().map_err(|e| e.to_string())?;
             let files: Vec<PathBuf> =
                 ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.kmem.tcp.limit_in_bytes"]
                     .into_iter()
-                    .filter(|file| self.memory.has(file))
+                    .filter(|file| memory.has(file))
                     .map(|file| self.memory.file(file))
                     .collect();
             let files: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::dir::Dir;
 use super::{
-    CONTROLLERS, CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, kill_procs, lower,
+    CONTROLLERS, CgroupLimits, CgroupStats, MIB, PROCESSES, Placement, RunCgroup, kill_listed, lower,
     remove_dir_retrying, write,
 };
 
@@ -52,7 +52,7 @@ impl V2Cgroup {
         check_controllers(parent, delegated).map_err(io::Error::other)?;
         // Removed on drop from here on, should a limit not be set.
         let cgroup = V2Cgroup { dir: Dir::make(parent.join(name))?, removed: false };
-        let dir = &cgroup.dir;
+        let dir = cgroup.dir.open()?;
         dir.write("memory.max", limits.memory_bytes.to_string())?;
         // No swap at all: a run cannot page out to get more memory.
         dir.write("memory.swap.max", "0")?;
@@ -61,20 +61,21 @@ impl V2Cgroup {
         dir.write("pids.max", limits.pids.to_string())?;
         let quota = ((limits.cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
         dir.write("cpu.max", format!("{quota} {CPU_PERIOD_US}"))?;
+        drop(dir);
         Ok(cgroup)
     }
 
     /// cgroup.kill (Linux 5.14) kills every process at once, even ones
-    /// forking as we read the list; false on kernels without it. Opened
-    /// without O_CREAT: the file exists on every kernel that has it.
+    /// forking as we read the list; false on kernels without it (asked
+    /// first: a write would try to create it).
     fn kill_at_once(&self) -> bool {
-        self.dir.has("cgroup.kill") && self.dir.write("cgroup.kill", "1").is_ok()
+        self.dir.open().is_ok_and(|dir| dir.has("cgroup.kill") && dir.write("cgroup.kill", "1").is_ok())
     }
 }
 
 impl RunCgroup for V2Cgroup {
     fn placement(&self) -> io::Result<Placement> {
-        self.dir.duplicate().map(Placement::CloneInto)
+        self.dir.open().map(|dir| Placement::CloneInto(dir.into_fd()))
     }
 
     fn cpu_usage(&self) -> Option<Duration> {
@@ -82,14 +83,15 @@ impl RunCgroup for V2Cgroup {
     }
 
     fn stats(&self) -> CgroupStats {
-        let dir = &self.dir;
+        let dir = self.dir.open().ok();
+        let key = |file: &str, key: &str| dir.as_ref().and_then(|dir| dir.read_key(file, key));
         CgroupStats {
             // memory.peak exists from Linux 5.19.
-            peak_memory_bytes: dir.read_u64("memory.peak"),
-            oom_kills: dir.read_key("memory.events", "oom_kill").unwrap_or(0),
-            memory_max_hits: dir.read_key("memory.events", "max").unwrap_or(0),
-            pids_max_hits: dir.read_key("pids.events", "max").unwrap_or(0),
-            cpu_usage: self.cpu_usage(),
+            peak_memory_bytes: dir.as_ref().and_then(|dir| dir.read_u64("memory.peak")),
+            oom_kills: key("memory.events", "oom_kill").unwrap_or(0),
+            memory_max_hits: key("memory.events", "max").unwrap_or(0),
+            pids_max_hits: key("pids.events", "max").unwrap_or(0),
+            cpu_usage: key("cpu.stat", "usage_usec").map(Duration::from_micros),
         }
     }
 
@@ -109,7 +111,7 @@ impl RunCgroup for V2Cgroup {
         }
         let kill = || {
             if !self.kill_at_once() {
-                kill_procs(&|| self.dir.procs());
+                kill_listed(&|| self.dir.procs());
             }
         };
         remove_dir_retrying(self.dir.path(), &kill)
@@ -125,7 +127,7 @@ impl RunCgroup for V2Cgroup {
     }
 
     fn adopt(&self, pid: i32) -> io::Result<()> {
-        self.dir.write("cgroup.procs", pid.to_string())
+        self.dir.open()?.write("cgroup.procs", pid.to_string())
     }
 
     fn lower_limits(&self, memory_bytes: Option<u64>, pids: Option<u32>) -> Result<(), String> {
