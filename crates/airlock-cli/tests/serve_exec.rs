@@ -108,32 +108,30 @@ fn airlock_mcp_is_answered_by_airlock_serve_in_the_process_the_client_started() 
     assert!(status.success(), "{status}: {}", errors.join().unwrap());
 }
 
-#[test]
-fn a_missing_airlock_serve_is_named_with_the_fix() {
-    let dir = tempfile::tempdir().unwrap();
-    // Named by AIRLOCK_SERVE.
-    let output = airlock(dir.path())
-        .env("AIRLOCK_SERVE", "/nonexistent/airlock-serve")
+/// `airlock serve` with AIRLOCK_SERVE set to `named`, refused: its stderr.
+fn serve_refused_with(home: &Path, named: &str) -> String {
+    let output = airlock(home)
+        .env("AIRLOCK_SERVE", named)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(125));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_missing_airlock_serve_is_named_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    // Named by AIRLOCK_SERVE.
+    let stderr = serve_refused_with(dir.path(), "/nonexistent/airlock-serve");
     assert!(stderr.starts_with("airlock: "), "{stderr}");
     assert!(stderr.contains("/nonexistent/airlock-serve"), "the error names the path: {stderr}");
     assert!(stderr.contains("AIRLOCK_SERVE"), "the error names the variable: {stderr}");
     assert!(stderr.contains("cargo build --release"), "the error says how to build it: {stderr}");
 
     // A relative name is refused, never looked up in PATH.
-    let output = airlock(dir.path())
-        .env("AIRLOCK_SERVE", "airlock-serve")
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(125));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = serve_refused_with(dir.path(), "airlock-serve");
     assert!(stderr.contains("not an absolute path"), "{stderr}");
 
     // Looked for beside airlock: a link to this build's airlock in a folder
