@@ -108,6 +108,13 @@ fn airlock_mcp_is_answered_by_airlock_serve_in_the_process_the_client_started() 
     assert!(status.success(), "{status}: {}", errors.join().unwrap());
 }
 
+/// `airlock` with AIRLOCK_SERVE naming a file that is not there.
+fn airlock_without_server(home: &Path) -> Command {
+    let mut command = airlock(home);
+    command.env("AIRLOCK_SERVE", "/nonexistent/airlock-serve");
+    command
+}
+
 /// `airlock serve` with AIRLOCK_SERVE set to `named`, refused: its stderr.
 fn serve_refused_with(home: &Path, named: &str) -> String {
     let output = airlock(home)
@@ -159,20 +166,12 @@ fn a_missing_airlock_serve_is_named_with_the_fix() {
 fn both_binaries_keep_the_exit_statuses_and_help() {
     let dir = tempfile::tempdir().unwrap();
     // `airlock serve --help` is answered by airlock itself, without the server.
-    let help = airlock(dir.path())
-        .env("AIRLOCK_SERVE", "/nonexistent/airlock-serve")
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
+    let help = airlock_without_server(dir.path()).args(["serve", "--help"]).output().unwrap();
     assert_eq!(help.status.code(), Some(0));
     let text = String::from_utf8_lossy(&help.stdout);
     assert!(text.contains("Usage: airlock serve") && text.contains("--listen <ADDR>"), "{text}");
     // Misuse is 125 in both, refused before any exec by airlock.
-    let misuse = airlock(dir.path())
-        .env("AIRLOCK_SERVE", "/nonexistent/airlock-serve")
-        .args(["mcp", "--bogus"])
-        .output()
-        .unwrap();
+    let misuse = airlock_without_server(dir.path()).args(["mcp", "--bogus"]).output().unwrap();
     assert_eq!(misuse.status.code(), Some(125));
     assert!(!String::from_utf8_lossy(&misuse.stderr).contains("/nonexistent"), "refused by clap, not the exec");
     let misuse = Command::new(AIRLOCK_SERVE).args(["serve", "--bogus"]).output().unwrap();

@@ -125,12 +125,7 @@ pub fn ensure_in_worker(
 /// a minute and 2 GB, for no one once the supervisor is gone), and holds no
 /// descriptor of the supervisor's but its three standard ones.
 pub fn worker_main() -> ! {
-    let outcome = prepare();
-    let mut out = std::io::stdout().lock();
-    let mut say = |message: &Message| {
-        serde_json::to_writer(&mut out, message).is_ok() && out.write_all(b"\n").is_ok() && out.flush().is_ok()
-    };
-    match outcome {
+    match prepare() {
         // Not answered, it is not ready: the supervisor stopped reading.
         Ok(path) => std::process::exit(if say(&Message::Ready(path)) { 0 } else { 1 }),
         Err(why) => {
@@ -150,12 +145,16 @@ fn prepare() -> Result<PathBuf, String> {
     let installed = serde_json::from_str::<InstalledInterpreter>(&interpreter)
         .map_err(|e| format!("{COMPILE_ARG} takes the installed interpreter as JSON: {e}"))?;
     let engine = cache::engine().map_err(|e| e.to_string())?;
-    let mut out = std::io::stdout().lock();
+    // A step not told is no matter: the answer is what counts.
     let mut progress = |step| {
-        // Nothing to do if the supervisor stopped reading: it has gone.
-        let _ = serde_json::to_writer(&mut out, &Message::Progress(step))
-            .map(|()| out.write_all(b"\n"))
-            .map(|_| out.flush());
+        let _ = say(&Message::Progress(step));
     };
     cache::ensure(&engine, &installed, &mut progress).map_err(|e| e.to_string())
+}
+
+/// Writes `message` as one line on standard output; false if the supervisor
+/// stopped reading it.
+fn say(message: &Message) -> bool {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, message).is_ok() && out.write_all(b"\n").is_ok() && out.flush().is_ok()
 }

@@ -76,15 +76,11 @@ impl Open<'_> {
         rustix::fs::statat(&self.fd, name, AtFlags::empty()).is_ok()
     }
 
-    fn open(&self, name: &str, flags: OFlags) -> io::Result<OwnedFd> {
+    /// Opens its file `name` (for the helper, or to read or write it here).
+    pub(super) fn open_file(&self, name: &str, flags: OFlags) -> io::Result<OwnedFd> {
         rustix::fs::openat(&self.fd, name, flags | OFlags::CLOEXEC, Mode::from_raw_mode(0o666)).map_err(|e| {
             io::Error::new(io::Error::from(e).kind(), format!("opening {}: {e}", self.dir.file(name).display()))
         })
-    }
-
-    /// Opens its file `name` for the helper to use.
-    pub(super) fn open_for_helper(&self, name: &str, flags: OFlags) -> io::Result<OwnedFd> {
-        self.open(name, flags)
     }
 
     /// The descriptor on the directory itself, for the helper.
@@ -94,14 +90,14 @@ impl Open<'_> {
 
     /// Writes `value` to its file `name`, as `fs::write` would.
     pub(super) fn write(&self, name: &str, value: impl AsRef<[u8]>) -> io::Result<()> {
-        let file = File::from(self.open(name, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC)?);
+        let file = File::from(self.open_file(name, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC)?);
         io::Write::write_all(&mut &file, value.as_ref())
             .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", self.dir.file(name).display())))
     }
 
     fn read(&self, name: &str) -> Option<String> {
         let mut text = String::new();
-        File::from(self.open(name, OFlags::RDONLY).ok()?).read_to_string(&mut text).ok()?;
+        File::from(self.open_file(name, OFlags::RDONLY).ok()?).read_to_string(&mut text).ok()?;
         Some(text)
     }
 

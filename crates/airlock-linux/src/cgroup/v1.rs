@@ -91,7 +91,7 @@ impl V1Cgroup {
 impl RunCgroup for V1Cgroup {
     fn placement(&self) -> io::Result<Placement> {
         self.dirs()
-            .map(|dir| dir.open()?.open_for_helper("tasks", rustix::fs::OFlags::WRONLY))
+            .map(|dir| dir.open()?.open_file("tasks", rustix::fs::OFlags::WRONLY))
             .collect::<io::Result<_>>()
             .map(Placement::EnterTasks)
     }

@@ -24,9 +24,7 @@ pub fn ui(store: AuditStore, listen: &str) -> anyhow::Result<()> {
     }
     let (console, token) = airlock_server::console::Console::for_one_person(std::sync::Arc::new(store), "local")
         .context("making the sign-in token")?;
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
-    runtime.block_on(async move {
+    crate::serve_cmd::runtime()?.block_on(async move {
         let listener =
             tokio::net::TcpListener::bind(address).await.with_context(|| format!("listening on {address}"))?;
         let bound = listener.local_addr().context("reading the listening address")?;

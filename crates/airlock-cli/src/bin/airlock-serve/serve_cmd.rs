@@ -24,8 +24,8 @@ fn load(config: Option<&PathBuf>, files: &[String]) -> anyhow::Result<ServerConf
     Ok(config)
 }
 
-/// The async runtime the server runs on.
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+/// The async runtime the server and the console run on.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
 }
 
