@@ -3,12 +3,13 @@
 slows both alike. Prints each command's median wall time, the ratio of
 medians against the first (the baseline), and the median of per-pair ratios.
 
-usage: paired.py [--rounds N] [--warmup N] [--label NAME=COMMAND ...] -- BASELINE OTHER [OTHER ...]
+usage: paired.py [--rounds N] [--warmup N] [--names A,B,...] [--shuffle SEED] [--json FILE] -- BASELINE OTHER [OTHER ...]
 Each command is run through /bin/sh -c; its output is discarded; a command
 that fails stops the benchmark.
 """
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--names", default="", help="comma-separated names for the commands")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--shuffle", type=int, metavar="SEED", help="run each round's commands in a random order (seeded), not alternated"
+    )
     parser.add_argument("commands", nargs="+")
     args = parser.parse_args()
     names = args.names.split(",") if args.names else [f"cmd{i}" for i in range(len(args.commands))]
@@ -37,10 +41,18 @@ def main():
         for c in args.commands:
             once(c)
     times = [[] for _ in args.commands]
+    shuffler = random.Random(args.shuffle)
     for round_ in range(args.rounds):
-        # Alternate the order each round so neither side always goes first.
         order = list(range(len(args.commands)))
-        if round_ % 2:
+        if args.shuffle is not None:
+            # Each round in its own order: a sandbox's run leaves work behind
+            # it (its network namespace freed by a kernel worker, its memory
+            # cgroup dying), which the command after it pays; with three
+            # commands or more, alternating still gives the first sandbox
+            # after the baseline a clean start half the time, the others never.
+            shuffler.shuffle(order)
+        elif round_ % 2:
+            # Alternate the order each round so neither side always goes first.
             order.reverse()
         for i in order:
             times[i].append(once(args.commands[i]))

@@ -229,6 +229,8 @@ struct Init {
     child: Child,
     socket: OwnedFd,
     namespaces: Vec<OwnedFd>,
+    /// Where the init says the old root is gone (see [`sandbox_init`]).
+    seal: Option<OwnedFd>,
 }
 
 impl Init {
@@ -237,8 +239,9 @@ impl Init {
     fn wait_ready(&mut self) -> Result<Vec<OwnedFd>, Failure> {
         let step = "make the run's root";
         match protocol::recv::<Reply>(self.socket.as_fd()) {
-            Ok(Some((Reply::Ready, mut fds))) if fds.len() >= JOINED_NAMESPACES.len() => {
-                let handed = fds.split_off(JOINED_NAMESPACES.len());
+            Ok(Some((Reply::Ready, mut fds))) if fds.len() > JOINED_NAMESPACES.len() => {
+                let handed = fds.split_off(JOINED_NAMESPACES.len() + 1);
+                self.seal = fds.pop();
                 self.namespaces = fds;
                 Ok(handed)
             }
@@ -272,7 +275,12 @@ fn start_init(plan: &RunPlan, fds: &RunFds, own_network: bool) -> Result<Init, F
         }
         Forked::Parent { pid, pidfd } => {
             let pidfd = pidfd.ok_or_else(|| Failure::plain(step, "no pidfd"))?;
-            Ok(Init { child: Child { pid, pidfd, _alive: alive_write }, socket: ours, namespaces: Vec::new() })
+            Ok(Init {
+                child: Child { pid, pidfd, _alive: alive_write },
+                socket: ours,
+                namespaces: Vec::new(),
+                seal: None,
+            })
         }
     }
 }
@@ -314,13 +322,26 @@ fn sandbox_init(
             .filter_map(|(wanted, name)| wanted.then_some(name))
             .collect();
     let handed_fifos = mounts::build_run_root(&plan.program_files, &fifos)?;
-    mounts::pivot_into_stage()?;
-
     let namespaces = JOINED_NAMESPACES.iter().map(|(kind, _)| userns::open_own(kind)).collect::<Result<Vec<_>, _>>()?;
+    // The helper gets what it needs to make the code's process now, and the
+    // rest of the root is made meanwhile: /proc and its masks (about forty
+    // mounts), then the stage as the root and the old one detached (an
+    // unmount, which waits for an RCU grace period). The helper's fork of
+    // the code's process takes about as long, and now overlaps this instead
+    // of following it. The code's process joins this mount namespace only
+    // once the seal says the root is finished (see `await_seal`); a seal
+    // closed unsaid (this init failed) stops it.
+    let (seal_read, seal_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| Failure::new("seal the run's root", "pipe", &e.into()))?;
     let handed: Vec<BorrowedFd<'_>> =
-        namespaces.iter().chain(handed_fifos.iter()).chain(proxy.iter()).map(AsFd::as_fd).collect();
+        namespaces.iter().chain([&seal_read]).chain(handed_fifos.iter()).chain(proxy.iter()).map(AsFd::as_fd).collect();
     protocol::send(helper, &Reply::Ready, &handed).map_err(|e| Failure::new("report readiness", "", &e))?;
-    drop((namespaces, handed_fifos, proxy));
+    drop((namespaces, seal_read, handed_fifos, proxy));
+    mounts::mount_run_proc()?;
+    mounts::pivot_onto_stage()?;
+    mounts::detach_old_root()?;
+    rustix::io::write(&seal_write, &[ROOT_SEALED]).map_err(|e| Failure::new("seal the run's root", "", &e.into()))?;
+    drop(seal_write);
     // The socket stays open until the init dies: its hanging up tells the
     // helper the init died, before the kernel ends the rest of the run.
     sys::close_from_except(3, helper.as_raw_fd()).map_err(|e| Failure::new("close descriptors", "", &e))?;
@@ -357,7 +378,8 @@ fn start_code(
     {
         Forked::Child => {
             drop((alive_write, setup_read));
-            let Err(failure) = code_process(plan, exec, &fds, joined, alive_read, setup_write.as_fd(), own_network);
+            let root = InitRoot { namespaces: joined, seal: init.seal.as_ref().map(AsFd::as_fd) };
+            let Err(failure) = code_process(plan, exec, &fds, root, alive_read, setup_write.as_fd(), own_network);
             process::report_setup(setup_write.as_fd(), &CodeSetup::Failed(failure));
             std::process::exit(127);
         }
@@ -372,12 +394,41 @@ fn start_code(
     }
 }
 
+/// What the code's process joins of the init's: its namespaces but the PID
+/// namespace (the process is born in that one), and the seal of its root.
+struct InitRoot<'a> {
+    namespaces: &'a [OwnedFd],
+    seal: Option<BorrowedFd<'a>>,
+}
+
+/// The byte a run's init writes once its root is finished: /proc masked,
+/// the old root detached.
+const ROOT_SEALED: u8 = b'S';
+
+/// Waits until the init has finished the root of the mount namespace the
+/// code is about to join: until then its /proc is unmasked or missing and
+/// the host's filesystem is reachable there. Anything but the seal (the
+/// init failed, or said something else) stops the code.
+fn await_seal(seal: Option<BorrowedFd<'_>>) -> Result<(), Failure> {
+    let step = "join the run's namespaces";
+    let seal = seal.ok_or_else(|| Failure::plain(step, "the init handed over no seal of the run's root"))?;
+    let mut byte = [0u8; 1];
+    loop {
+        match rustix::io::read(seal, &mut byte) {
+            Ok(1) if byte[0] == ROOT_SEALED => return Ok(()),
+            Ok(_) => return Err(Failure::plain(step, "the init ended before the run's root was sealed")),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(Failure::new(step, "read the root's seal", &e.into())),
+        }
+    }
+}
+
 /// The code's process, in this order; returns only if a step failed.
 fn code_process(
     plan: &RunPlan,
     exec: &process::Exec,
     fds: &RunFds,
-    namespaces: &[OwnedFd],
+    root: InitRoot<'_>,
     parent_alive: OwnedFd,
     setup: BorrowedFd<'_>,
     own_network: bool,
@@ -390,8 +441,11 @@ fn code_process(
     // namespace the helper made ahead is the init's and already this
     // process's (and belongs to the host's user namespace, which this
     // process could not join it through).
-    let joined = namespaces.iter().zip(&JOINED_NAMESPACES[1..]);
+    let joined = root.namespaces.iter().zip(&JOINED_NAMESPACES[1..]);
     for (fd, (kind, ns)) in joined.filter(|(_, (kind, _))| !(own_network && *kind == "net")) {
+        if *kind == "mnt" {
+            await_seal(root.seal)?;
+        }
         move_into_link_name_space(fd.as_fd(), Some(*ns))
             .map_err(|e| Failure::new("join the run's namespaces", *kind, &e.into()))?;
     }
@@ -408,4 +462,39 @@ fn code_process(
         process::report_setup(setup, &CodeSetup::Landlock(landlock::restrict(landlock)?));
     }
     Err(process::exec_code(exec, &fds.stdio, fds.native.as_ref().map(AsFd::as_fd), setup, &plan.seccomp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seal() -> (OwnedFd, OwnedFd) {
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap()
+    }
+
+    #[test]
+    fn the_code_joins_a_root_the_init_sealed() {
+        let (read, write) = seal();
+        rustix::io::write(&write, &[ROOT_SEALED]).unwrap();
+        drop(write);
+        await_seal(Some(read.as_fd())).unwrap();
+    }
+
+    #[test]
+    fn a_seal_closed_unsaid_stops_the_code() {
+        // The init failed (or died) between its readiness and the detach of
+        // the old root: its end of the seal closes without a word.
+        let (read, write) = seal();
+        drop(write);
+        let failure = await_seal(Some(read.as_fd())).unwrap_err();
+        assert!(failure.to_string().contains("before the run's root was sealed"), "{failure}");
+    }
+
+    #[test]
+    fn anything_but_the_seal_stops_the_code() {
+        let (read, write) = seal();
+        rustix::io::write(&write, b"X").unwrap();
+        assert!(await_seal(Some(read.as_fd())).is_err());
+        assert!(await_seal(None).unwrap_err().to_string().contains("no seal"));
+    }
 }
