@@ -196,7 +196,15 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>, own_network: b
     if plan.hold_for_release {
         wait_for_release(socket)?;
     }
-    let code = start_code(plan, &exec, fds, &init, own_network)?;
+    // The init finishes the run's root after its readiness: a step that
+    // failed there is its last word, sent before it exits and so before the
+    // kernel ends the code's process with it. That word, not the code's
+    // (a fork into a dead namespace, a setup cut short), says what happened.
+    let code = start_code(plan, &exec, fds, &init, own_network)
+        .map_err(|failure| init_failure(init.socket.as_fd()).unwrap_or(failure))?;
+    if let Some(failure) = init_failure(init.socket.as_fd()) {
+        return Err(failure);
+    }
     let reply =
         Reply::CodeStarted { code_pid: code.child.pid, layers: code.layers.clone(), landlock_abi: sys::landlock_abi() };
     protocol::send(socket, &reply, &[]).map_err(|e| Failure::new("report the code's start", "", &e))?;
@@ -204,6 +212,15 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>, own_network: b
     let ended = observe::until_ended(code.child.pidfd.as_fd(), init.child.pidfd.as_fd(), init.socket.as_fd(), socket)?;
     protocol::send(socket, &Reply::Ended { code: ended.code, init_first: ended.init_first }, &[])
         .map_err(|e| Failure::new("report the code's end", "", &e))
+}
+
+/// The failure the init reported on `socket`, if it did (it may, after its
+/// readiness, while it finishes the root); never waits.
+fn init_failure(socket: BorrowedFd<'_>) -> Option<Failure> {
+    match crate::supervise::recv_nonblocking::<Reply>(socket) {
+        Ok(Some((Reply::Failed(failure), _))) => Some(failure),
+        _ => None,
+    }
 }
 
 /// Waits for the supervisor's word to start the code.
@@ -285,8 +302,9 @@ fn start_init(plan: &RunPlan, fds: &RunFds, own_network: bool) -> Result<Init, F
     }
 }
 
-/// PID 1 of the run's PID namespace. Makes the run's root, says so, then
-/// does nothing but reap orphans. It watches nothing and reports nothing
+/// PID 1 of the run's PID namespace. Makes the run's root, saying it is
+/// ready halfway (see below) and sealing it once finished, then does nothing
+/// but reap orphans. It watches nothing and reports nothing
 /// once the code runs: the code may reach it (same user), so its death is
 /// an observation, never a loss. When it dies, the kernel ends every
 /// process of the run.
@@ -441,11 +459,10 @@ fn code_process(
     // namespace the helper made ahead is the init's and already this
     // process's (and belongs to the host's user namespace, which this
     // process could not join it through).
+    // Nothing of the init's is joined before its root is finished.
+    await_seal(root.seal)?;
     let joined = root.namespaces.iter().zip(&JOINED_NAMESPACES[1..]);
     for (fd, (kind, ns)) in joined.filter(|(_, (kind, _))| !(own_network && *kind == "net")) {
-        if *kind == "mnt" {
-            await_seal(root.seal)?;
-        }
         move_into_link_name_space(fd.as_fd(), Some(*ns))
             .map_err(|e| Failure::new("join the run's namespaces", *kind, &e.into()))?;
     }
@@ -488,6 +505,18 @@ mod tests {
         drop(write);
         let failure = await_seal(Some(read.as_fd())).unwrap_err();
         assert!(failure.to_string().contains("before the run's root was sealed"), "{failure}");
+    }
+
+    #[test]
+    fn what_the_init_said_before_it_failed_is_what_the_helper_reports() {
+        let (helper, init) =
+            socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        assert!(init_failure(helper.as_fd()).is_none(), "nothing said: nothing to report, and no wait");
+        let said = Failure::plain("mount /proc", "refused");
+        protocol::send(init.as_fd(), &Reply::Failed(said), &[]).unwrap();
+        drop(init);
+        let failure = init_failure(helper.as_fd()).expect("the init's failure");
+        assert!(failure.to_string().contains("mount /proc"), "{failure}");
     }
 
     #[test]

@@ -328,10 +328,12 @@ pub fn clone_binds(binds: &[Bind]) -> Result<Clones, Failure> {
 /// every unmount waits for an RCU grace period (0.1 to 0.3 ms here, on the
 /// path of every cold run), and the stage is mounted over the scratch at the
 /// same place, so each run's root, pivoted onto the stage, detaches the
-/// scratch with the old root at no extra cost (see [`pivot_into_stage`]).
-/// It stays only in the sandbox's own mount namespace, which no code ever
-/// enters. (An overlay without an upper layer needs two lower ones: the
-/// second is an empty folder.)
+/// scratch with the old root, in the unmount it makes anyway (see
+/// [`pivot_into_stage`]; each run's copy of the namespace holds six mounts
+/// more). It stays only in the sandbox's own mount namespace, where nothing
+/// but airlock's helpers runs: the code's process joins a run's copy only
+/// once the old root is detached. (An overlay without an upper layer needs
+/// two lower ones: the second is an empty folder.)
 ///
 /// A tree with mounts below it stays a plain recursive bind (an overlay
 /// would hide them), as does one the kernel will not overlay; their host

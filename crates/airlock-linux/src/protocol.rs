@@ -265,12 +265,13 @@ pub enum Reply {
     /// The run's init exists; its pidfd comes attached. Killing it ends the
     /// run: every process of the run's PID namespace dies with it.
     Started { pid1: i32 },
-    /// The init made the run's root and the sandbox is ready for the code,
-    /// which waits for [`Control::Release`]. Attached, in order: the report
-    /// FIFO, the ready FIFO, the code FIFO, each if asked for, then the
-    /// proxy listener if asked for. (Between the init
-    /// and the helper, the init's own word that it is ready, with its
-    /// namespaces first.)
+    /// The sandbox is ready for the code, which waits for
+    /// [`Control::Release`]. Attached, in order: the report FIFO, the ready
+    /// FIFO, the code FIFO, each if asked for, then the proxy listener if
+    /// asked for. (Between the init and the helper, the init's own word that
+    /// the helper may make the code's process, with its namespaces first and
+    /// the seal of its root next: the init finishes the root meanwhile, and
+    /// the code's process joins nothing of the init's before the seal.)
     Ready,
     /// The code's process was released and has executed the program. It is
     /// the helper's child, outside the init's reach.
