@@ -246,7 +246,7 @@ struct Init {
     child: Child,
     socket: OwnedFd,
     namespaces: Vec<OwnedFd>,
-    /// Where the init says the old root is gone (see [`sandbox_init`]).
+    /// Where the init says its root is finished (see [`sandbox_init`]).
     seal: Option<OwnedFd>,
 }
 
@@ -434,7 +434,8 @@ fn await_seal(seal: Option<BorrowedFd<'_>>) -> Result<(), Failure> {
     loop {
         match rustix::io::read(seal, &mut byte) {
             Ok(1) if byte[0] == ROOT_SEALED => return Ok(()),
-            Ok(_) => return Err(Failure::plain(step, "the init ended before the run's root was sealed")),
+            Ok(0) => return Err(Failure::plain(step, "the init ended before the run's root was sealed")),
+            Ok(_) => return Err(Failure::plain(step, "the init's seal of the run's root was not the seal")),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(Failure::new(step, "read the root's seal", &e.into())),
         }
@@ -523,7 +524,8 @@ mod tests {
     fn anything_but_the_seal_stops_the_code() {
         let (read, write) = seal();
         rustix::io::write(&write, b"X").unwrap();
-        assert!(await_seal(Some(read.as_fd())).is_err());
+        let failure = await_seal(Some(read.as_fd())).unwrap_err();
+        assert!(failure.to_string().contains("was not the seal"), "{failure}");
         assert!(await_seal(None).unwrap_err().to_string().contains("no seal"));
     }
 }
