@@ -7,7 +7,7 @@
 # and bubblewrap (namespaces only) on the trivial job, for context.
 # Goals: trivial <= 1.3x bare (issue 15; 1.15x before), pandas <= 1.03x bare.
 #
-# usage: bench/startup.sh [ROUNDS]     (needs a release build: cargo build --release)
+# usage: bench/startup.sh [ROUNDS]     (needs the README's build: scripts/build)
 #   BASE=/path/to/older/airlock bench/startup.sh 40   also runs an older build
 #   (its airlock-init beside it) in the same rounds, as `base`;
 #   ONLY=trivial stops after the trivial job.
@@ -16,8 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-40}
-airlock=$PWD/target/release/airlock
-[ -x "$airlock" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+airlock=$PWD/target/bin/airlock
+[ -x "$airlock" ] || { echo "build first: scripts/build" >&2; exit 1; }
 export AIRLOCK_HOME=${AIRLOCK_HOME:-$PWD/target/airlock-bench-home}
 "$airlock" image build python-data >&2
 work=$(mktemp -d)

@@ -22,8 +22,8 @@ pub const SERVE_ENV: &str = "AIRLOCK_SERVE";
 pub const SERVE_NAME: &str = "airlock-serve";
 
 /// How to get the server binary, said wherever it cannot be run.
-const FIX: &str = "build it beside airlock (`cargo build --release` builds both binaries of airlock-cli, \
-                   airlock and airlock-serve), or set AIRLOCK_SERVE to its path";
+const FIX: &str = "build it beside airlock (`scripts/build` or `cargo build --release` builds both binaries of \
+                   airlock-cli, airlock and airlock-serve), or set AIRLOCK_SERVE to its path";
 
 /// Replaces this process with `airlock-serve`, given this command's
 /// arguments unchanged (`airlock serve --config X` runs `airlock-serve serve

@@ -90,15 +90,18 @@ impl Stage {
 /// Where a helper binary called `name` is: the path in the environment
 /// variable `env`, else beside the running program. Never from PATH:
 /// whatever the helper is, the supervisor (often root) runs it to build the
-/// sandbox.
-pub fn find_helper(name: &str, env: &str) -> Result<PathBuf, SandboxError> {
+/// sandbox. `build` says which command puts it beside the program.
+pub fn find_helper(name: &str, env: &str, build: &str) -> Result<PathBuf, SandboxError> {
     if let Some(path) = std::env::var_os(env).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(path));
     }
     std::env::current_exe().ok().and_then(|exe| exe.parent().map(|d| d.join(name))).filter(|p| p.is_file()).ok_or_else(
         || SandboxError::Missing {
             what: format!("the sandbox helper `{name}`"),
-            hint: format!("install it beside the airlock program, or set {env} to its path"),
+            hint: format!(
+                "{build} puts it beside the airlock command; beside another program, copy it there, or set {env} \
+                 to its path"
+            ),
         },
     )
 }
