@@ -162,7 +162,11 @@ impl LinuxBackend {
     pub fn helper_path(&self) -> Result<PathBuf, SandboxError> {
         match &self.helper {
             Some(path) => Ok(path.clone()),
-            None => confine::find_helper(HELPER_NAME, HELPER_ENV, "`scripts/build` (or `cargo build --release`)"),
+            None => confine::find_helper(
+                HELPER_NAME,
+                HELPER_ENV,
+                "`scripts/build` (or, for the glibc command, `cargo build --release`)",
+            ),
         }
     }
 }

@@ -77,9 +77,7 @@ impl WasmBackend {
     pub fn worker_path(&self) -> Result<PathBuf, SandboxError> {
         match &self.worker {
             Some(path) => Ok(path.clone()),
-            None => {
-                confine::find_helper(WORKER_NAME, WORKER_ENV, "`scripts/build --wasm` (or `cargo build --release`)")
-            }
+            None => confine::find_helper(WORKER_NAME, WORKER_ENV, "`scripts/build --wasm`"),
         }
     }
 
