@@ -1,4 +1,6 @@
-//! The engine and the compiled-module cache.
+//! The compiled-module cache: where the compiled interpreter is kept, and
+//! whether a file there is one this code wrote. Making it, and the engine it
+//! is made for, is the worker's (`engine.rs`): no front door links wasmtime.
 //!
 //! Compiling the 100 MB interpreter module takes about a minute and 2 GB of
 //! memory, so it is done once and the native code kept at
@@ -20,20 +22,13 @@ use std::fs::{self, File};
 use std::io::{Seek, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde_json::json;
-use wasmtime::{Config, Engine, Module};
 
-use crate::install::{InstallProgress, InstalledInterpreter, check_file_sha256, hash_reader};
+use crate::install::{InstalledInterpreter, hash_reader};
 
 /// The wasmtime version compiled modules are made by; part of the cache key.
 pub const WASMTIME_VERSION: &str = "48.0.8";
-
-/// The guest's wasm stack: CPython's recursion needs more than the default.
-const WASM_STACK: usize = 8 << 20;
-/// The fiber stack the guest runs on: the wasm stack plus room for host calls.
-const ASYNC_STACK: usize = 16 << 20;
 
 /// Why the module could not be loaded or compiled.
 #[derive(Debug, thiserror::Error)]
@@ -55,23 +50,6 @@ pub enum CacheError {
     Worker(String),
 }
 
-fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> CacheError {
-    move |source| CacheError::Io { context: context.into(), source }
-}
-
-/// The one engine configuration every module is compiled and run with.
-///
-/// No epoch interruption: the guest's time is kept from outside its worker,
-/// which the supervisor kills at the wall-time or CPU-time limit, so nothing
-/// in the worker ever advanced an epoch. Its checks, compiled into every
-/// loop and function entry of the interpreter, cost CPU time on every run
-/// and stopped nothing.
-pub fn engine() -> Result<Engine, CacheError> {
-    let mut config = Config::new();
-    config.wasm_exceptions(true).max_wasm_stack(WASM_STACK).async_stack_size(ASYNC_STACK);
-    Engine::new(&config).map_err(|e| CacheError::Engine(format!("{e:#}")))
-}
-
 /// The cache file for `installed`.
 pub fn cache_path(installed: &InstalledInterpreter) -> PathBuf {
     cache_path_for(&installed.dir, &installed.snapshot_sha256)
@@ -83,36 +61,8 @@ pub fn cache_path_for(dir: &Path, snapshot_sha256: &str) -> PathBuf {
     dir.join(format!("compiled-{WASMTIME_VERSION}-{key}.cwasm"))
 }
 
-fn check_path(cache: &Path) -> PathBuf {
+pub(crate) fn check_path(cache: &Path) -> PathBuf {
     cache.with_extension("check")
-}
-
-/// Makes sure the cache holds a trusted compiled interpreter for this
-/// engine, compiling it first if not; returns the cache file's path.
-pub fn ensure(
-    engine: &Engine,
-    installed: &InstalledInterpreter,
-    progress: &mut dyn FnMut(InstallProgress),
-) -> Result<PathBuf, CacheError> {
-    let cache = cache_path(installed);
-    match check(engine, &cache) {
-        Ok(true) => return Ok(cache),
-        Ok(false) => {}
-        Err(reason) => {
-            progress(InstallProgress::CacheRejected { cache: cache.clone(), reason });
-            let _ = fs::remove_file(&cache);
-            let _ = fs::remove_file(check_path(&cache));
-        }
-    }
-    compile(engine, installed, &cache, progress)?;
-    match check(engine, &cache) {
-        Ok(true) => Ok(cache),
-        Ok(false) => Err(CacheError::Compile {
-            module: installed.snapshot.clone(),
-            reason: format!("{} vanished right after it was written", cache.display()),
-        }),
-        Err(reason) => Err(CacheError::Compile { module: installed.snapshot.clone(), reason }),
-    }
 }
 
 /// The cached module, opened read-only for a worker to map, after checking
@@ -124,7 +74,7 @@ pub fn open(cache: &Path) -> Result<File, CacheError> {
 }
 
 /// The identity of a file as the filesystem reports it.
-fn stamp(meta: &fs::Metadata) -> serde_json::Value {
+pub(crate) fn stamp(meta: &fs::Metadata) -> serde_json::Value {
     json!({
         "dev": meta.dev(),
         "ino": meta.ino(),
@@ -134,42 +84,9 @@ fn stamp(meta: &fs::Metadata) -> serde_json::Value {
     })
 }
 
-/// A hash of the configuration modules are compiled for: a module compiled
-/// for another configuration would be refused by wasmtime when mapped.
-fn engine_hash(engine: &Engine) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut hasher);
-    format!("{:016x}", hasher.finish())
-}
-
-/// Whether a usable module is in the cache: `Ok(false)` when there is none;
-/// `Err(why)` when there is one that must not be used.
-fn check(engine: &Engine, cache: &Path) -> Result<bool, String> {
-    let Some((file, record)) = open_checked(cache)? else { return Ok(false) };
-    if record.get("engine").and_then(|v| v.as_str()) == Some(engine_hash(engine).as_str()) {
-        return Ok(true);
-    }
-    // Written for another configuration, or before the record named one:
-    // wasmtime itself says whether it fits, once, and the record learns it.
-    // SAFETY: `file` holds native code this module compiled and wrote: its
-    // stamp or its full SHA-256 matches the record taken when it was
-    // written (`open_checked`), so its content is what
-    // `Engine::precompile_module` produced; wasmtime checks version and
-    // configuration compatibility itself. The cache is only ever replaced by
-    // rename, never written in place, so the mapped file cannot change under
-    // the module.
-    let module = unsafe { Module::deserialize_open_file(engine, file) };
-    drop(module.map_err(|e| format!("wasmtime refused it: {e:#}"))?);
-    let sha256 = record.get("sha256").and_then(|v| v.as_str()).unwrap_or_default();
-    let meta = fs::metadata(cache).map_err(|e| format!("cannot stat it: {e}"))?;
-    let _ = write_record(cache, sha256, &meta, engine);
-    Ok(true)
-}
-
 /// Opens the cache file and checks it against its record; returns it with
 /// the record, `Ok(None)` when there is no file.
-fn open_checked(cache: &Path) -> Result<Option<(File, serde_json::Value)>, String> {
+pub(crate) fn open_checked(cache: &Path) -> Result<Option<(File, serde_json::Value)>, String> {
     let mut file = match File::open(cache) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -201,51 +118,11 @@ fn open_checked(cache: &Path) -> Result<Option<(File, serde_json::Value)>, Strin
     Ok(Some((file, record)))
 }
 
-fn write_record(cache: &Path, sha256: &str, meta: &fs::Metadata, engine: &Engine) -> std::io::Result<()> {
-    let record = json!({
-        "sha256": sha256,
-        "stamp": stamp(meta),
-        "wasmtime": WASMTIME_VERSION,
-        "engine": engine_hash(engine),
-    });
-    write_json(cache, &record)
-}
-
-fn write_json(cache: &Path, record: &serde_json::Value) -> std::io::Result<()> {
+pub(crate) fn write_json(cache: &Path, record: &serde_json::Value) -> std::io::Result<()> {
     let path = check_path(cache);
     let tmp = path.with_extension("check.tmp");
     let mut file = File::create(&tmp)?;
     file.write_all(record.to_string().as_bytes())?;
     file.sync_all()?;
     fs::rename(&tmp, &path)
-}
-
-/// Compiles the snapshot and writes the cache atomically, with its record.
-fn compile(
-    engine: &Engine,
-    installed: &InstalledInterpreter,
-    cache: &Path,
-    progress: &mut dyn FnMut(InstallProgress),
-) -> Result<(), CacheError> {
-    let failed = |reason: String| CacheError::Compile { module: installed.snapshot.clone(), reason };
-    check_file_sha256(&installed.snapshot, &installed.snapshot_sha256)?;
-    progress(InstallProgress::Compiling { module: installed.snapshot.clone() });
-    let started = Instant::now();
-    let wasm = fs::read(&installed.snapshot).map_err(io_err(format!("reading {}", installed.snapshot.display())))?;
-    let native = engine.precompile_module(&wasm).map_err(|e| failed(format!("{e:#}")))?;
-    drop(wasm);
-    let sha256 = airlock_core::sha256_hex(&native);
-    let dir = cache.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".compiled-")
-        .tempfile_in(dir)
-        .map_err(io_err(format!("making a temporary file in {}", dir.display())))?;
-    tmp.write_all(&native).and_then(|()| tmp.as_file().sync_all()).map_err(io_err("writing the compiled module"))?;
-    drop(native);
-    tmp.persist(cache).map_err(|e| io_err(format!("moving the compiled module to {}", cache.display()))(e.error))?;
-    // The stamp is taken after the rename, which may itself move ctime.
-    let meta = fs::metadata(cache).map_err(io_err(format!("reading {}", cache.display())))?;
-    write_record(cache, &sha256, &meta, engine).map_err(io_err("writing the cache's check record"))?;
-    progress(InstallProgress::Compiled { cache: cache.to_owned(), seconds: started.elapsed().as_secs_f64() });
-    Ok(())
 }

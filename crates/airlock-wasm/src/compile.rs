@@ -2,7 +2,7 @@
 //! in the supervisor.
 //!
 //! Making sure the cache holds a trusted compiled interpreter
-//! ([`cache::ensure`]) needs wasmtime and Cranelift: an engine, whose
+//! (`engine::ensure`) needs wasmtime and Cranelift: an engine, whose
 //! configuration hash the cache's record is checked against, and the
 //! compiler, for a first use. The supervisor runs it as a child:
 //! `airlock-wasm-worker --compile <interpreter>`, which writes one JSON
@@ -18,7 +18,7 @@
 //! The price is a process per supervisor, at its first use of the backend:
 //! a few milliseconds beside a wasm run's tens.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::{self, CacheError};
 use crate::install::{InstallProgress, InstalledInterpreter};
 
-/// The worker's argument that asks for [`worker_main`], followed by the
+/// The worker's argument that asks for `worker_main`, followed by the
 /// supervisor's pid and the installed interpreter as JSON.
 pub const COMPILE_ARG: &str = "--compile";
 
@@ -57,7 +57,7 @@ impl Drop for Worker {
     }
 }
 
-/// [`cache::ensure`], in `worker`: returns the checked cache file's path,
+/// `engine::ensure`, in `worker`: returns the checked cache file's path,
 /// passing the worker's progress on to `progress`.
 pub fn ensure_in_worker(
     worker: &Path,
@@ -119,6 +119,7 @@ pub fn ensure_in_worker(
     }
 }
 
+#[cfg(feature = "worker")]
 /// The worker's side: `airlock-wasm-worker --compile <supervisor pid>
 /// <interpreter as JSON>`. Exits 0 with [`Message::Ready`] last, else 1 with
 /// [`Message::Failed`]. It dies with the supervisor (a first compile takes
@@ -136,6 +137,7 @@ pub fn worker_main() -> ! {
 }
 
 /// What [`worker_main`] answers.
+#[cfg(feature = "worker")]
 fn prepare() -> Result<PathBuf, String> {
     airlock_linux::confine::close_from_except(3, -1).map_err(|e| format!("closing inherited descriptors: {e}"))?;
     let mut args = std::env::args().skip(2);
@@ -144,17 +146,19 @@ fn prepare() -> Result<PathBuf, String> {
     airlock_linux::confine::die_with_parent(Some(supervisor)).map_err(|e| e.to_string())?;
     let installed = serde_json::from_str::<InstalledInterpreter>(&interpreter)
         .map_err(|e| format!("{COMPILE_ARG} takes the installed interpreter as JSON: {e}"))?;
-    let engine = cache::engine().map_err(|e| e.to_string())?;
+    let engine = crate::engine::engine().map_err(|e| e.to_string())?;
     // A step not told is no matter: the answer is what counts.
     let mut progress = |step| {
         let _ = say(&Message::Progress(step));
     };
-    cache::ensure(&engine, &installed, &mut progress).map_err(|e| e.to_string())
+    crate::engine::ensure(&engine, &installed, &mut progress).map_err(|e| e.to_string())
 }
 
 /// Writes `message` as one line on standard output; false if the supervisor
 /// stopped reading it.
+#[cfg(feature = "worker")]
 fn say(message: &Message) -> bool {
+    use std::io::Write;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, message).is_ok() && out.write_all(b"\n").is_ok() && out.flush().is_ok()
 }

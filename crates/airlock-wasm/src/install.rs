@@ -315,6 +315,7 @@ fn describe(dir: &Path) -> Result<InstalledInterpreter, InstallError> {
 }
 
 /// Checks that a file's SHA-256 is `expected` (used before compiling).
+#[cfg(feature = "worker")]
 pub(crate) fn check_file_sha256(path: &Path, expected: &str) -> Result<(), InstallError> {
     let mut file = File::open(path).map_err(io_err(format!("opening {}", path.display())))?;
     let found = hash_reader(&mut file).map_err(io_err(format!("reading {}", path.display())))?;

@@ -31,14 +31,23 @@
 //!   `worker.rs` (the worker itself), `guest.rs` (wasmtime inside it),
 //!   `protocol.rs` (their messages), `seccomp.rs`, `files.rs`;
 //! - [`install()`] fetches and checks the interpreter (`airlock backend install
-//!   wasm`), `cache.rs` compiles it once; the backend does both on first use,
-//!   the compiling in a worker process (`compile.rs`): wasmtime is linked
-//!   only into the worker binary, never into a front door.
+//!   wasm`), `engine.rs` compiles it once into the cache (`cache.rs`); the
+//!   backend does both on first use, the compiling in a worker process
+//!   (`compile.rs`): wasmtime is linked only into the worker binary, never
+//!   into a front door.
+//!
+//! The worker's side (`worker.rs`, `guest.rs`, `engine.rs`, and with them
+//! wasmtime, Cranelift and tokio) is the `worker` feature, on by default:
+//! a front door depends on this crate without it, so that building the
+//! `airlock` command does not compile wasmtime at all.
 
 mod backend;
 pub mod cache;
 pub mod compile;
+#[cfg(feature = "worker")]
+pub mod engine;
 mod files;
+#[cfg(feature = "worker")]
 mod guest;
 pub mod install;
 mod instance;
@@ -46,6 +55,7 @@ mod protocol;
 pub mod seccomp;
 mod stage;
 mod supervise;
+#[cfg(feature = "worker")]
 pub mod worker;
 
 pub use backend::{WORKER_ENV, WORKER_NAME, WasmBackend, progress_on_stderr};

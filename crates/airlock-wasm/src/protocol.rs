@@ -15,6 +15,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 /// The descriptors every plan comes with, before the optional ones.
+#[cfg(feature = "worker")]
 pub const FIXED_FDS: usize = 4;
 
 /// One guest run.
@@ -111,6 +112,7 @@ pub fn encode_filter(program: &[Instruction]) -> String {
 }
 
 /// The BPF program a plan carries.
+#[cfg(feature = "worker")]
 pub fn decode_filter(text: &str) -> Option<Vec<Instruction>> {
     let bytes = base64::engine::general_purpose::STANDARD.decode(text).ok()?;
     Instruction::from_bytes(&bytes)

@@ -38,7 +38,7 @@ use airlock_policy::Layer;
 use rustix::fs::{Mode, OFlags};
 use wasmtime::Module;
 
-use crate::cache;
+use crate::engine;
 use crate::guest::{self, GuestSpec};
 use crate::protocol::{FIXED_FDS, GuestPlan, WorkerReply, decode_filter};
 
@@ -226,7 +226,7 @@ fn guest_process(
     ignore_file_size_signal()?;
 
     let step = "load the interpreter";
-    let engine = cache::engine().map_err(|e| Failure::plain(step, e.to_string()))?;
+    let engine = engine::engine().map_err(|e| Failure::plain(step, e.to_string()))?;
     // SAFETY: the supervisor opened this descriptor on the compiled-module
     // cache after checking the file against the record written when it was
     // compiled (its identity stamp, or its whole SHA-256; see `cache.rs`),

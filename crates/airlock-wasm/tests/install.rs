@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::Path;
 
 use airlock_wasm::install::{InstallError, PINNED_SUMS_SHA256, backend_dir};
-use airlock_wasm::{InstallProgress, cache, compile};
+use airlock_wasm::{InstallProgress, cache, compile, engine};
 use common::*;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_airlock-wasm-worker");
@@ -95,12 +95,12 @@ fn a_corrupt_compiled_cache_is_rebuilt_not_trusted() {
     let found = installed();
     let scratch = tempfile::tempdir_in(test_home()).unwrap();
     let copy = private_copy(&found, scratch.path());
-    let engine = cache::engine().unwrap();
+    let engine = engine::engine().unwrap();
     let path = cache::cache_path(&copy);
 
     // Untouched: used as it is, without compiling.
     let mut steps = Vec::new();
-    assert_eq!(cache::ensure(&engine, &copy, &mut |s| steps.push(s)).unwrap(), path);
+    assert_eq!(engine::ensure(&engine, &copy, &mut |s| steps.push(s)).unwrap(), path);
     assert!(steps.is_empty(), "{steps:?}");
     cache::open(&path).unwrap();
 
