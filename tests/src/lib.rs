@@ -384,3 +384,30 @@ if libc.umount2(d.encode(), 2) == 0:
     changed.append("detach")
 print(bool(flags & os.ST_RDONLY), bool(flags & os.ST_NOSUID), bool(flags & os.ST_NODEV), bool(flags & os.ST_NOEXEC), changed)
 "#;
+
+/// Pools of each of multiprocessing's start methods. Spawn and forkserver
+/// (3.14's default) start each child by running `__main__`'s file again;
+/// with no file there, every worker died as it started and the Pool made
+/// new ones until the wall limit. Each child computes `HERE` from its
+/// `__file__` as the run does; its results are objects of a class of the
+/// code's, unpickled in the run; and the code ends with an expression that
+/// names what only the run's `__main__` block made.
+pub const POOLS_OF_EACH_START_METHOD: &str = r#"import multiprocessing as mp
+import os
+HERE = os.path.dirname(os.path.abspath(__file__))
+class Square:
+    def __init__(self, x):
+        self.value, self.here = x * x, HERE
+def square(x):
+    return Square(x)
+if __name__ == "__main__":
+    sums = []
+    for method in ("spawn", "forkserver", "fork"):
+        with mp.get_context(method).Pool(2) as pool:
+            squares = pool.map(square, range(10))
+        sums.append(f"{method} {sum(s.value for s in squares)} {all(s.here == HERE for s in squares)}")
+    print(" ".join(sums), __file__, HERE)
+len(sums)
+"#;
+/// What [`POOLS_OF_EACH_START_METHOD`] prints before `__file__`.
+pub const EACH_START_METHOD_SUMS: &str = "spawn 285 True forkserver 285 True fork 285 True";

@@ -12,7 +12,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use airlock::{Policy, RunRecord, RunRequest, Sandbox, Status};
-use airlock_tests::{ENDS_WITH_WORK_LEFT, assert_ended_as_an_exit_does, data_image, linux, shared};
+use airlock_tests::{
+    EACH_START_METHOD_SUMS, ENDS_WITH_WORK_LEFT, POOLS_OF_EACH_START_METHOD, assert_ended_as_an_exit_does, data_image,
+    linux, shared,
+};
 
 fn ok(record: &RunRecord) -> &str {
     assert_eq!(
@@ -209,4 +212,69 @@ fn the_codes_own_name_is_in_its_tracebacks_warnings_and_nested_code() {
     assert!(record.stderr.contains("File \"job.py\", line 1"), "{}", record.stderr);
     let error = record.error.unwrap();
     assert_eq!((error.kind.as_str(), error.line), ("SyntaxError", Some(1)));
+}
+
+#[test]
+fn multiprocessing_pools_start_by_every_method_for_inline_and_named_code() {
+    let _guard = shared();
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    let each = EACH_START_METHOD_SUMS;
+
+    // Whoever else reads `__main__.__file__` (pandas does, at every repr)
+    // gets the display name, and no script is written for them.
+    let code = "import os, __main__, pandas\nprint(repr(pandas.DataFrame({'a': [1]})).split()[0], \
+                __main__.__file__, os.path.exists('/tmp/.airlock-main.py'))";
+    assert_eq!(ok(&sandbox.run(code)), "a <code> False");
+
+    // The code's `__file__` is its display name, as before.
+    let record = sandbox.run(POOLS_OF_EACH_START_METHOD);
+    assert_eq!(ok(&record), format!("{each} <code> /work"));
+    assert_eq!(record.value.as_deref(), Some("3"), "the last expression, evaluated by the run alone");
+    let named = |code: &str| RunRequest { display_name: Some("job.py".to_owned()), ..RunRequest::python(code) };
+    let record = sandbox.run_request(&named(POOLS_OF_EACH_START_METHOD));
+    assert_eq!(ok(&record), format!("{each} job.py /work"));
+
+    // A file of that name the run was given is neither run by the children
+    // nor touched; nor is the working directory.
+    sandbox.write("/work/job.py", b"def square(x):\n    return -1\n").unwrap();
+    let code =
+        POOLS_OF_EACH_START_METHOD.replace("len(sums)", "    print(open('job.py').read(), os.listdir('.'))\nlen(sums)");
+    let record = sandbox.run_request(&named(&code));
+    assert_eq!(ok(&record), format!("{each} job.py /work\ndef square(x):\n    return -1\n ['job.py']"));
+
+    // A last expression that shares its line (split by the AST) is left
+    // out of the children's code too.
+    let record = sandbox.run(&POOLS_OF_EACH_START_METHOD.replace("len(sums)", "done = True; len(sums)"));
+    assert_eq!(ok(&record), format!("{each} <code> /work"));
+    assert_eq!(record.value.as_deref(), Some("3"));
+
+    // The runs of one sandbox share its /tmp, where the children's script
+    // is: each run's children run that run's code.
+    let record = sandbox.run(&POOLS_OF_EACH_START_METHOD.replace("x * x", "x * x * x"));
+    assert_eq!(ok(&record), "spawn 2025 True forkserver 2025 True fork 2025 True <code> /work");
+}
+
+#[test]
+fn a_spawned_child_has_what_the_driver_gives_the_code_display_plots_and_exit() {
+    let _guard = shared();
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    // Each child runs the code's top level again, as `__mp_main__`: its
+    // `display` prints, its plots render off-screen, `exit` is Python's.
+    let code = r#"import multiprocessing as mp
+import matplotlib.pyplot as plt
+display("shown by each child too")
+def draw(n):
+    plt.plot(range(n))
+    plt.savefig(f"/tmp/{n}.png")
+    return type(exit).__name__
+if __name__ == "__main__":
+    pool = mp.get_context("spawn").Pool(1)
+    print(pool.map(draw, [3]))
+    # Closed, not terminated, so that the child flushes its output as it exits.
+    pool.close()
+    pool.join()
+"#;
+    let record = sandbox.run(code);
+    assert_eq!(ok(&record), "['Quitter']\n'shown by each child too'");
+    assert_eq!(record.results.len(), 1, "the run's own display: {:?}", record.results);
 }

@@ -7,7 +7,10 @@
 use std::time::Duration;
 
 use airlock::{Policy, Pool, PoolMode, PoolOptions, RunRecord, RunRequest, RunStart, Status};
-use airlock_tests::{ENDS_WITH_WORK_LEFT, assert_ended_as_an_exit_does, data_image, exclusive, linux};
+use airlock_tests::{
+    EACH_START_METHOD_SUMS, ENDS_WITH_WORK_LEFT, POOLS_OF_EACH_START_METHOD, assert_ended_as_an_exit_does, data_image,
+    exclusive, linux,
+};
 
 /// A pool of `size` on the python-data image, filled before it is returned.
 /// Each test holds the run lock alone ([`exclusive`]): a pool's refills run
@@ -236,6 +239,26 @@ fn ends_as_an_exit_does(mode: PoolMode) {
     pool.wait_ready(1, Duration::from_secs(120));
     let record = run(&pool, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)");
     assert_eq!((record.usage.start, record.signal), (Some(start_of(mode)), Some(15)), "{:?}", record.message);
+}
+
+#[test]
+fn a_pooled_run_starts_multiprocessing_pools_by_every_method() {
+    starts_multiprocessing_pools_by_every_method(PoolMode::Pooled);
+}
+
+#[test]
+fn a_forked_run_starts_multiprocessing_pools_by_every_method() {
+    starts_multiprocessing_pools_by_every_method(PoolMode::Forked);
+}
+
+/// A warm run's `__main__` is a file its children can run again, as a cold
+/// run's is (`tests/driver.rs`), also where the warm driver imported
+/// multiprocessing before the run (pandas does not; the preload here does).
+fn starts_multiprocessing_pools_by_every_method(mode: PoolMode) {
+    let _alone = exclusive();
+    let pool = pool_in(mode, Policy::default(), 1, &["multiprocessing", "pandas"]);
+    let record = run(&pool, POOLS_OF_EACH_START_METHOD);
+    assert_eq!(served_ok(&record, mode), format!("{EACH_START_METHOD_SUMS} <code> /work"));
 }
 
 /// Whether this host lets a warm driver collapse its pages into 2 MiB

@@ -113,10 +113,13 @@ def _run():
     # have, to its copy of the template's).
     gc.freeze()
     # The user's code runs as __main__, in a module of its own, as with `python script.py`.
-    main = type(sys)("__main__")
-    main.__file__ = display_name
+    main = _main_module(display_name)
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
+    if "__mp_main__" in sys.modules:
+        # multiprocessing, imported by a warm driver's preload, took the
+        # driver's module as the one its children's results are unpickled in.
+        sys.modules["__mp_main__"] = main
     sys.argv = [display_name]
     # The code's folder replaces the driver's on the import path. An
     # interpreter that did not put the script's folder first (WASI's runs
@@ -129,7 +132,12 @@ def _run():
     report = state["report"]
     exit_code = 0
     try:
-        body, last = _split_last_expression(source, display_name)
+        body, last, body_source = _split_last_expression(source, display_name)
+        if isinstance(main, _Main):
+            # A child runs the code's top level without the expression the
+            # run evaluates at its end, which may name what only the run's
+            # `if __name__ == "__main__":` made.
+            _CHILD_MAIN[:] = [source if body_source is None else body_source, display_name]
         if ready is not None:
             ready.write(b"C")
             ready.close()
@@ -151,6 +159,157 @@ def _run():
     if report or state["figures"] or state["results"]:
         _extras().write_report(report_path, state)
     return exit_code
+
+
+def _main_module(display_name):
+    """The module the code runs in, as `__main__`, its `__file__` the display
+    name, as a script's is its path. multiprocessing's spawn and forkserver
+    methods (forkserver is Python 3.14's default; joblib's loky does the
+    same) start each child by running `__main__`'s file again, as
+    `__mp_main__`, to find the functions it is handed; asked by them,
+    `__file__` is a script holding the code (_child_main_file). Without one
+    every worker of a Pool died as it started, and the Pool made new ones
+    until the wall limit."""
+    # WASI has no processes to start.
+    main = type(sys)("__main__") if sys.platform == "wasi" else _Main("__main__")
+    main.__dict__["__file__"] = display_name
+    return main
+
+
+class _Main(type(sys)):
+    """`__main__`, whose `__file__`, read as its attribute by multiprocessing
+    or loky as they prepare a child, is _child_main_file's script, and
+    otherwise what the module holds: the code itself (a global) and anyone
+    else (pandas, inspect, doctest) see the display name, and no file is
+    written for them."""
+
+    @property
+    def __file__(self):
+        caller = sys._getframe(0).f_back
+        asking = caller.f_globals.get("__name__", "") if caller is not None else ""
+        if asking.startswith(("multiprocessing.", "multiprocess.")) or "loky.backend" in asking:
+            return _child_main_file()
+        try:
+            return self.__dict__["__file__"]
+        except KeyError:
+            raise AttributeError("__file__") from None
+
+    @__file__.setter
+    def __file__(self, value):
+        self.__dict__["__file__"] = value
+
+    @__file__.deleter
+    def __file__(self):
+        try:
+            del self.__dict__["__file__"]
+        except KeyError:
+            raise AttributeError("__file__") from None
+
+
+# What `type(__main__)` says, as of a plain module.
+_Main.__name__ = _Main.__qualname__ = "module"
+_Main.__module__ = "builtins"
+
+# The code (or, when the run evaluates its last expression, the code before
+# it) and its display name, until _child_main_file writes them; then the path.
+_CHILD_MAIN = []
+# One entry per script written, for each its own temporary name.
+_CHILD_MAIN_WRITES = []
+# The file _child_main_file writes: in /tmp, which each run has to itself
+# (a library Sandbox's runs share theirs, one after the other, and each
+# replaces it); never in the working directory, where it would shadow a
+# module or take the name of a file the run was given.
+_CHILD_MAIN_FILE = "/tmp/.airlock-main.py"
+
+
+def _child_main_file():
+    """A script for the code's spawn and forkserver children, written once a
+    run, when the first is prepared: it sets up what a child started
+    without the driver lacks (matplotlib's backend, which is the driver's;
+    `display`; `exit` and `quit`, which `site` would have made) and runs
+    the code, compiled under its display name and with `__file__` that
+    name, in the namespace multiprocessing makes the child's `__mp_main__`
+    (a process such a child starts in turn by spawn, which Pool workers
+    cannot, finds that name, as under plain Python with the script in the
+    working directory).
+    Each write goes to a name of its own and is renamed over the last run's
+    script, which may be a link (a rename replaces it, never follows it).
+    No lock: threads preparing children at once (or a finalizer or signal
+    handler during a write, or a fork meanwhile) each write the same
+    script, and the first that succeeds is kept. None where it cannot be
+    written (the disk cap reached): the children then cannot find the
+    code's functions, as under `python -c`, and never run a file that is
+    not the code."""
+    pending = list(_CHILD_MAIN)
+    if len(pending) == 2:
+        path = _write_child_main(*pending)
+        if path is not None or len(_CHILD_MAIN) == 2:
+            _CHILD_MAIN[:] = [path]
+    return _CHILD_MAIN[0] if _CHILD_MAIN else None
+
+
+def _write_child_main(code, display_name):
+    """_child_main_file's script, written; its path, or None."""
+    import _thread
+    import posix
+
+    text = (
+        "# airlock: the run's code, for the processes multiprocessing starts\n"
+        "# by spawn or forkserver (driver.py, _child_main_file).\n"
+        "import builtins as _builtins, os as _os, sys as _sys\n"
+        "if _os.environ.get('MPLBACKEND') == 'module://airlock_inline_backend':\n"
+        "    _os.environ['MPLBACKEND'] = 'agg'\n"
+        "if not hasattr(_builtins, 'display'):\n"
+        "    def display(*objs, **kwargs):\n"
+        "        for obj in objs:\n"
+        "            print(repr(obj))\n"
+        "    _builtins.display = display\n"
+        "    del display\n"
+        "if not hasattr(_builtins, 'exit'):\n"
+        "    import site as _site\n"
+        "    _site.setquit()\n"
+        "    del _site\n"
+        f"_airlock_code = compile({code!r}, {display_name!r}, 'exec')\n"
+        "# The code sees its own name, as in the run.\n"
+        f"__file__ = _sys.argv[0] = {display_name!r}\n"
+        "del _builtins, _os, _sys\n"
+        "exec(_airlock_code)\n"
+        "del _airlock_code\n"
+    ).encode()
+    _CHILD_MAIN_WRITES.append(None)
+    new = f"{_CHILD_MAIN_FILE}.{posix.getpid()}.{_thread.get_ident()}.{len(_CHILD_MAIN_WRITES)}"
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC
+    for attempt in (1, 2):
+        try:
+            fd = posix.open(new, flags, 0o644)
+            break
+        except FileExistsError:
+            # Left by an earlier run of this sandbox (each run's code is pid
+            # 2, its first thread's id alike), or planted: the name is this
+            # function's.
+            if attempt == 2:
+                return None
+            try:
+                posix.unlink(new)
+            except OSError:
+                return None
+        except OSError:
+            return None
+    try:
+        try:
+            view = memoryview(text)
+            while view:
+                view = view[posix.write(fd, view) :]
+        finally:
+            posix.close(fd)
+        posix.rename(new, _CHILD_MAIN_FILE)
+    except OSError:
+        try:
+            posix.unlink(new)
+        except OSError:
+            pass
+        return None
+    return _CHILD_MAIN_FILE
 
 
 _EXTRAS = []
@@ -323,6 +482,7 @@ class _SiteText:
 
 def _split_last_expression(source, filename):
     """Compiles the code; when it ends with an expression, compiles that apart.
+    Returns the two, and the source before the expression.
 
     Without the ast module, whose import costs about a millisecond every run:
     the last top-level statement starts on a line at column 0; try each such
@@ -339,7 +499,7 @@ def _split_last_expression(source, filename):
     try:
         lines = source.decode("utf-8").splitlines(keepends=True)
     except UnicodeDecodeError:
-        return whole, None
+        return whole, None, None
     for index in range(len(lines) - 1, -1, -1):
         line = lines[index]
         if not line.strip() or line[0] in " \t#":
@@ -347,16 +507,17 @@ def _split_last_expression(source, filename):
         try:
             # Blank lines in front keep the line numbers of the code as shown.
             last = _compile("\n" * index + "".join(lines[index:]), filename, "eval")
-            body = _compile("".join(lines[:index]), filename, "exec")
+            body_source = "".join(lines[:index])
+            body = _compile(body_source, filename, "exec")
         except SyntaxError:
             if ";" in line:
                 return _extras().split_on_ast(source, filename, whole)
             continue
-        return body, last
+        return body, last, body_source
     if b";" in source:
         # The last statement may start after a `;` on a continued line.
         return _extras().split_on_ast(source, filename, whole)
-    return whole, None
+    return whole, None, None
 
 
 class _Compiled(BaseException):

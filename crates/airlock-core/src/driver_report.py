@@ -120,22 +120,24 @@ def split_on_ast(source, filename, whole):
     """The split of driver.py's _split_last_expression, by the AST: for a last
     statement that shares its line with others. A notebook's rules: only a
     last statement that is an expression has a value, and a `;` after it
-    hides it."""
+    hides it. Returns the two, and the source before the expression (for
+    the code's spawned children: driver.py, _child_main_file)."""
     import _ast
 
     tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
     if not tree.body or not isinstance(tree.body[-1], _ast.Expr):
-        return whole, None
+        return whole, None, None
     last = tree.body[-1]
     lines = source.splitlines(keepends=True)
     # Offsets are in UTF-8 bytes; after the expression come only blanks,
     # comments, line continuations and perhaps the `;` that hides it.
     after = b"".join([lines[last.end_lineno - 1][last.end_col_offset :], *lines[last.end_lineno :]])
     if after.lstrip(b" \t\\\r\n").startswith(b";"):
-        return whole, None
+        return whole, None, None
     body = compile(_ast.Module(body=tree.body[:-1], type_ignores=[]), filename, "exec", dont_inherit=True)
     value = compile(_ast.Expression(body=last.value), filename, "eval", dont_inherit=True)
-    return body, value
+    before = b"".join([*lines[: last.lineno - 1], lines[last.lineno - 1][: last.col_offset]])
+    return body, value, before
 
 
 def report_value(value, state):
