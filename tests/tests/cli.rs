@@ -467,3 +467,52 @@ fn a_relative_data_directory_is_taken_from_where_the_command_starts() {
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(String::from_utf8_lossy(&output.stdout).contains("42"), "{stderr}");
 }
+
+/// What a command leaves as it exits: the run's helper, killed and left to
+/// finish tearing the sandbox down (`Sandbox::end_before_exit`), not
+/// waited for. Here a subreaper stands in for init: every process the
+/// command leaves ends within moments, and nothing of the run (cgroups,
+/// mounts) is left on the host.
+#[test]
+fn what_the_command_leaves_as_it_exits_ends_at_once() {
+    let _ = data_image();
+    let dir = tempfile::tempdir().unwrap();
+    const SUBREAPER: &str = r#"
+import ctypes, os, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(36, 1, 0, 0, 0) == 0, "PR_SET_CHILD_SUBREAPER"
+command = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+out, err = command.communicate()
+exited, left = time.monotonic(), 0
+while True:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid:
+        left += 1
+    elif time.monotonic() - exited > 10:
+        sys.exit("a process the command left still runs 10 s after its exit")
+    else:
+        time.sleep(0.002)
+print(command.pid, command.returncode, left, time.monotonic() - exited)
+print(out.decode(), err.decode())
+"#;
+    let airlock = airlock_tests::airlock_bin();
+    let output = std::process::Command::new("python3")
+        .args(["-c", SUBREAPER, airlock.to_str().unwrap(), "run", "-c", "print(6 * 7)"])
+        .env("AIRLOCK_INIT", airlock_tests::helper())
+        .env("AIRLOCK_HOME", airlock_tests::test_home())
+        .current_dir(dir.path())
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let (summary, shown) = stdout.split_once('\n').unwrap();
+    let [pid, status, _left, seconds] = summary.split(' ').collect::<Vec<_>>()[..] else { panic!("{stdout}") };
+    assert_eq!(status, "0", "{stdout}");
+    assert!(shown.contains("42"), "{stdout}");
+    assert!(seconds.parse::<f64>().unwrap() < 5.0, "what the command left took {seconds} s to end");
+    let left = airlock_tests::leftovers_of(pid.parse().unwrap(), "");
+    assert!(left.is_empty(), "left behind on the host: {left:#?}");
+}
