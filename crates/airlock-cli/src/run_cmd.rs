@@ -178,9 +178,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         crate::show::save_figures(&mut record, &dir);
         print!("{}", airlock::report::render(&record));
     }
-    // The command exits next: its helpers' teardown of the sandbox is left
-    // to the kernel and init, not waited for.
-    sandbox.end_before_exit();
     if let Some(error) = unrecorded {
         eprintln!("airlock: run {} was NOT recorded in the audit store: {error}", record.id);
         return Ok(ExitCode::from(exit::SANDBOX_ERROR));

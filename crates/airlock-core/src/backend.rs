@@ -87,16 +87,6 @@ pub trait Instance: Send {
     /// every layer of a cold run in force, imports `preload`, and returns
     /// once it waits before the first byte of code. A backend that cannot
     /// says so (the caller then runs cold).
-    /// Ends the sandbox in a process that exits next (a command after its
-    /// one run): as dropping it, but without waiting for what the backend
-    /// would wait for only to reap it (the Linux backend's helpers, killed,
-    /// tearing the sandbox's namespaces down as they exit). The kernel
-    /// finishes that after the exit, and init reaps them. Never in a process
-    /// that lives on, where they would stay zombies until it exits.
-    fn end_before_exit(self: Box<Self>) {
-        drop(self);
-    }
-
     fn start_warm(self: Box<Self>, preload: &[String]) -> Result<Box<dyn WarmInstance>, SandboxError> {
         let _ = preload;
         Err(SandboxError::Unsupported {

@@ -87,18 +87,6 @@ impl Instance for LinuxInstance {
         self.run_as(job, kill, Mode::Cold)
     }
 
-    fn end_before_exit(mut self: Box<Self>) {
-        // The helper that made the sandbox, which may run as its host ids,
-        // is reaped (it ended when it handed the sandbox over); a run's
-        // helpers and spares never run as them, so the ids given back at
-        // the exit are not shared with a process still ending.
-        let ending = std::mem::take(self.ending.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner));
-        let spare = self.run_helper.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-        for helper in ending.into_iter().chain(spare.and_then(crate::spare::SpareHelper::refuse)) {
-            helper.leave();
-        }
-    }
-
     fn start_warm(self: Box<Self>, preload: &[String]) -> Result<Box<dyn airlock_core::WarmInstance>, SandboxError> {
         let refuse = |reason: &str| SandboxError::Unsupported {
             backend: "linux",

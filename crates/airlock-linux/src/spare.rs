@@ -76,7 +76,7 @@ impl SpareHelper {
         let (child, socket) = self.started.take()?;
         drop(socket);
         // Made only when it is ours: an `Ending` dropped kills and reaps.
-        if self.process == std::process::id() { Some(Ending::new(child)) } else { None }
+        if self.process == std::process::id() { Some(Ending(child)) } else { None }
     }
 
     fn spawn(helper: &Path, args: &[&str]) -> Option<SpareHelper> {
@@ -101,7 +101,7 @@ impl SpareHelper {
             Ok(None) => Ok((child, socket)),
             // It has exited (someone killed it), and is reaped now.
             Ok(Some(_)) => Err(None),
-            Err(_) => Err(Some(Ending::new(child))),
+            Err(_) => Err(Some(Ending(child))),
         }
     }
 }
@@ -112,7 +112,7 @@ impl Drop for SpareHelper {
         if let Some((child, socket)) = self.started.take() {
             drop(socket);
             if self.process == std::process::id() {
-                drop(Ending::new(child));
+                drop(Ending(child));
             }
         }
     }

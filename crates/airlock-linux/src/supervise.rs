@@ -299,55 +299,19 @@ pub(crate) fn run_forked(
 /// Dropping it reaps it: it is killed first, so that dropping it waits for
 /// nothing but the kernel.
 #[derive(Debug)]
-pub struct Ending {
-    child: Option<Child>,
-    /// Whether it may run as the sandbox's host ids (the helper that made
-    /// the sandbox, as root): such a helper is always reaped, never left,
-    /// so that the ids are given back only once it is gone.
-    as_host_ids: bool,
-}
+pub struct Ending(pub(crate) Child);
 
 impl Ending {
-    /// A helper that never runs as the sandbox's host ids (a run's, a spare).
-    pub(crate) fn new(child: Child) -> Ending {
-        Ending { child: Some(child), as_host_ids: false }
-    }
-
-    /// The helper that made the sandbox.
-    pub(crate) fn of_setup(child: Child) -> Ending {
-        Ending { child: Some(child), as_host_ids: true }
-    }
-
     /// Reaps it if it has exited; whether it has.
     pub fn try_reap(&mut self) -> bool {
-        self.child.as_mut().is_none_or(|child| child.try_wait().map_or(true, |status| status.is_some()))
-    }
-
-    /// Kills it and, unless it has exited already, leaves it unreaped: for
-    /// a process that exits next, whose exit would otherwise wait for the
-    /// kernel's teardown of what the helper holds (a run's helper is the
-    /// last holder of the sandbox's namespaces: their mounts, a network
-    /// namespace, RCU grace periods; about half a millisecond here).
-    /// Orphaned by that exit, it is reaped by init; it already has the
-    /// signal that kills it. One that may run as the sandbox's host ids is
-    /// reaped as on a drop.
-    pub(crate) fn leave(mut self) {
-        if self.as_host_ids {
-            return;
-        }
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.try_wait();
-        }
+        self.0.try_wait().map_or(true, |status| status.is_some())
     }
 }
 
 impl Drop for Ending {
     fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -1060,7 +1024,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         }
         observed.stdout = self.stdout.finish();
         observed.stderr = self.stderr.finish();
-        let ending = self.helper.filter(|_| !self.helper_done).map(Ending::new);
+        let ending = self.helper.filter(|_| !self.helper_done).map(Ending);
         (self.observed, ending.into_iter().chain(self.refused).collect())
     }
 }

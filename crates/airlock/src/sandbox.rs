@@ -413,16 +413,6 @@ impl Sandbox {
         }
     }
 
-    /// Ends the sandbox in a process that exits next, such as a command
-    /// after its one run: as dropping it, but the backend's processes that
-    /// only tear the sandbox down are killed and left to init rather than
-    /// waited for (see [`Instance::end_before_exit`]), so the exit comes
-    /// about half a millisecond sooner. A process that lives on drops it
-    /// instead, or keeps zombies until it exits.
-    pub fn end_before_exit(self) {
-        self.instance.end_before_exit();
-    }
-
     /// The sandbox's limits with the per-run fields `spec` sets
     /// ([`airlock_policy::PolicySpec::PER_RUN`]), checked against `host`: limits for
     /// [`RunRequest::limits`]. A spec that sets any other field is refused.
