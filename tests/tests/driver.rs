@@ -278,3 +278,45 @@ if __name__ == "__main__":
     assert_eq!(ok(&record), "['Quitter']\n'shown by each child too'");
     assert_eq!(record.results.len(), 1, "the run's own display: {:?}", record.results);
 }
+
+#[test]
+fn a_process_that_a_spawned_child_starts_runs_the_code_too() {
+    let _guard = shared();
+    let mut sandbox = Sandbox::with_backend(linux(), Policy::default(), data_image()).unwrap();
+    // A Process started by spawn or forkserver starts one of its own by
+    // each method. Plain Python, running the script from the working
+    // directory, runs it in every generation; the grandchild used to be told
+    // to run `/work/<display name>`, not there, and died as it started.
+    let code = r#"import multiprocessing as mp
+def leaf(q):
+    q.put(f"leaf {__file__}")
+def middle(q, method):
+    p = mp.get_context(method).Process(target=leaf, args=(q,))
+    p.start()
+    p.join()
+    q.put(f"{method} {p.exitcode}")
+if __name__ == "__main__":
+    for outer in ("spawn", "forkserver"):
+        for inner in ("spawn", "forkserver"):
+            q = mp.get_context(outer).Queue()
+            p = mp.get_context(outer).Process(target=middle, args=(q, inner))
+            p.start()
+            p.join(30)
+            print(outer, q.get(timeout=5), q.get(timeout=5), p.exitcode)
+"#;
+    let expected = |name: &str| {
+        ["spawn spawn", "spawn forkserver", "forkserver spawn", "forkserver forkserver"]
+            .map(|pair| {
+                let (outer, inner) = pair.split_once(' ').unwrap();
+                format!("{outer} leaf {name} {inner} 0 0")
+            })
+            .join("\n")
+    };
+    assert_eq!(ok(&sandbox.run(code)), expected("<code>"));
+
+    // Named, with a file of that name in the working directory: the
+    // grandchildren run the code, not the file.
+    sandbox.write("/work/job.py", b"raise SystemExit('the given file ran')\n").unwrap();
+    let request = RunRequest { display_name: Some("job.py".to_owned()), ..RunRequest::python(code) };
+    assert_eq!(ok(&sandbox.run_request(&request)), expected("job.py"));
+}

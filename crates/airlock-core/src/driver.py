@@ -228,10 +228,10 @@ def _child_main_file():
     without the driver lacks (matplotlib's backend, which is the driver's;
     `display`; `exit` and `quit`, which `site` would have made) and runs
     the code, compiled under its display name and with `__file__` that
-    name, in the namespace multiprocessing makes the child's `__mp_main__`
-    (a process such a child starts in turn by spawn, which Pool workers
-    cannot, finds that name, as under plain Python with the script in the
-    working directory).
+    name, in the namespace multiprocessing makes the child's `__mp_main__`.
+    A process such a child starts in turn by spawn or forkserver (a Pool's
+    workers cannot; a Process can) is pointed at the script too, where
+    that name would have been looked for in the working directory.
     Each write goes to a name of its own and is renamed over the last run's
     script, which may be a link (a rename replaces it, never follows it).
     No lock: threads preparing children at once (or a finalizer or signal
@@ -272,6 +272,27 @@ def _write_child_main(code, display_name):
         f"_airlock_code = compile({code!r}, {display_name!r}, 'exec')\n"
         "# The code sees its own name, as in the run.\n"
         f"__file__ = _sys.argv[0] = {display_name!r}\n"
+        "# A child this child starts by spawn or forkserver would be told to\n"
+        "# run `__main__`'s file, which multiprocessing and loky read as its\n"
+        "# `__file__`: that name, a file that is not there. It is told this\n"
+        "# script's path instead, and runs the code as this child does.\n"
+        "def _airlock_point_children_here(sys=_sys):\n"
+        f"    name, script = {display_name!r}, {_CHILD_MAIN_FILE!r}\n"
+        "    for module_name in ('multiprocessing.spawn', 'multiprocess.spawn',\n"
+        "                        'loky.backend.spawn', 'joblib.externals.loky.backend.spawn'):\n"
+        "        module = sys.modules.get(module_name)\n"
+        "        if module is None or getattr(module, '_airlock_points_here', False):\n"
+        "            continue\n"
+        "        def get_preparation_data(*args, _original=module.get_preparation_data, **kwargs):\n"
+        "            data = _original(*args, **kwargs)\n"
+        "            main = sys.modules.get('__main__')\n"
+        "            if 'init_main_from_path' in data and getattr(main, '__file__', None) == name:\n"
+        "                data['init_main_from_path'] = script\n"
+        "            return data\n"
+        "        module.get_preparation_data = get_preparation_data\n"
+        "        module._airlock_points_here = True\n"
+        "_airlock_point_children_here()\n"
+        "del _airlock_point_children_here\n"
         "del _builtins, _os, _sys\n"
         "exec(_airlock_code)\n"
         "del _airlock_code\n"
