@@ -25,6 +25,11 @@ pub mod exit {
 #[global_allocator]
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
+/// Set by `airlock` when it execs `airlock-serve`, to its own path: the
+/// arguments it hands over are ones its parser accepted, so `airlock-serve`
+/// refusing them means the two binaries come from different builds.
+pub const STARTED_BY_ENV: &str = "AIRLOCK_SERVE_STARTED_BY";
+
 /// Parses the command line as `C` and runs it: misuse and failures print on
 /// stderr and exit 125 (the command's failure, not the code's, as docker
 /// says it); `--help` and `--version` exit 0.
@@ -42,7 +47,19 @@ pub fn main<C: clap::Parser>(run: impl FnOnce(C) -> anyhow::Result<ExitCode>) ->
         Ok(command) => command,
         Err(error) => {
             let _ = error.print();
-            return ExitCode::from(if error.use_stderr() { exit::SANDBOX_ERROR } else { 0 });
+            if !error.use_stderr() {
+                return ExitCode::SUCCESS;
+            }
+            if let Some(airlock) = std::env::var_os(STARTED_BY_ENV) {
+                let serve = std::env::current_exe().map(|path| path.display().to_string()).unwrap_or_default();
+                eprintln!(
+                    "\nairlock: {} accepted these arguments and airlock-serve ({serve}) refused them: the two are \
+                     from different builds. Build both from one checkout (`scripts/build`, or `cargo build \
+                     --release -p airlock-cli`), or set AIRLOCK_SERVE to the airlock-serve built with this airlock.",
+                    std::path::Path::new(&airlock).display()
+                );
+            }
+            return ExitCode::from(exit::SANDBOX_ERROR);
         }
     };
     match run(command) {

@@ -15,6 +15,8 @@ use std::process::Command;
 use airlock::audit::{AuditStore, StoredRun};
 use anyhow::anyhow;
 
+use crate::entry::STARTED_BY_ENV;
+
 /// The environment variable naming `airlock-serve`, for installs where it is
 /// not beside the `airlock` program.
 pub const SERVE_ENV: &str = "AIRLOCK_SERVE";
@@ -36,7 +38,10 @@ pub fn exec() -> anyhow::Error {
         Ok(found) => found,
         Err(error) => return error,
     };
-    let error = Command::new(&path).args(std::env::args_os().skip(1)).exec();
+    // Named to it so that, should it refuse arguments this program accepted
+    // (a stale airlock-serve), it says the builds differ (`entry`).
+    let airlock = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("airlock"));
+    let error = Command::new(&path).args(std::env::args_os().skip(1)).env(STARTED_BY_ENV, airlock).exec();
     let shown = path.display();
     if error.kind() == ErrorKind::NotFound && !path.is_file() {
         anyhow!("this subcommand is run by {SERVE_NAME}, {origin} {shown}, which is missing: {FIX}")

@@ -188,3 +188,26 @@ fn both_binaries_keep_the_exit_statuses_and_help() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.starts_with("airlock: ") && stderr.contains("[[tokens]]"), "{stderr}");
 }
+
+#[test]
+fn an_airlock_serve_of_another_build_is_said_to_be_one() {
+    let dir = tempfile::tempdir().unwrap();
+    // An older airlock-serve refuses an argument this airlock accepts: a
+    // stand-in for one is this build's, handed one argument it does not know.
+    let stale = dir.path().join("airlock-serve");
+    std::fs::write(&stale, format!("#!/bin/sh\nexec {AIRLOCK_SERVE:?} \"$@\" --added-by-a-later-build\n")).unwrap();
+    std::fs::set_permissions(&stale, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let stderr = serve_refused_with(dir.path(), stale.to_str().unwrap());
+    assert!(stderr.contains("--added-by-a-later-build"), "clap's own error comes first: {stderr}");
+    assert!(stderr.contains("from different builds"), "the mismatch is named: {stderr}");
+    assert!(stderr.contains(AIRLOCK), "the airlock that started it is named: {stderr}");
+    assert!(stderr.contains("scripts/build") && stderr.contains("AIRLOCK_SERVE"), "the fix is said: {stderr}");
+
+    // airlock-serve started by hand and misused says nothing of builds.
+    let misuse = Command::new(AIRLOCK_SERVE).args(["mcp", "--bogus"]).env_remove(STARTED_BY).output().unwrap();
+    assert_eq!(misuse.status.code(), Some(125));
+    assert!(!String::from_utf8_lossy(&misuse.stderr).contains("different builds"));
+}
+
+/// What `airlock` sets in the environment of the `airlock-serve` it starts.
+const STARTED_BY: &str = "AIRLOCK_SERVE_STARTED_BY";
