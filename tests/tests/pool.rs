@@ -947,3 +947,40 @@ fn a_fork_that_only_looks_confined_is_caught_from_outside_and_the_run_goes_cold(
         airlock_tests::assert_nothing_left("airlock-lying-fork");
     }
 }
+
+/// A pooled sandbox's run is made on a thread of its own, which may not use
+/// a helper started on the refill's (`spare`): the backend starts none for
+/// it. It used to start one per sandbox that made a network namespace (as
+/// root) and was then refused, unused.
+#[test]
+fn a_pooled_sandbox_starts_no_helper_for_its_run_that_it_does_not_use() {
+    use std::os::unix::fs::PermissionsExt;
+    let _alone = exclusive();
+    // The helper, behind a script that notes each start's arguments.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("starts");
+    let noting = dir.path().join("airlock-init");
+    std::fs::write(
+        &noting,
+        format!("#!/bin/sh\necho \"start $*\" >> {log:?}\nexec {:?} \"$@\"\n", airlock_tests::helper()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&noting, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let backend: &'static airlock_linux::LinuxBackend =
+        Box::leak(Box::new(airlock_linux::LinuxBackend::with_helper(&noting)));
+    let options = PoolOptions { size: 1, preload: Vec::new(), ..PoolOptions::default() };
+    let pool = Pool::with_backend(backend, Policy::default(), data_image(), options, None);
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
+    for _ in 0..3 {
+        assert_eq!(pooled_ok(&run(&pool, "print(1+1)")), "2");
+        assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", pool.stats());
+    }
+    let starts = std::fs::read_to_string(&log).unwrap();
+    let made = pool.stats().refills;
+    assert!(made >= 4, "{made} sandboxes made");
+    // Each sandbox's setup and its run: two starts a sandbox. One spare
+    // more, for a first run, comes with the backend's probe.
+    let spares = starts.lines().filter(|line| line.contains("run-spare")).count();
+    assert!(spares <= 1, "{spares} helpers started ahead of runs, for {made} pooled sandboxes:\n{starts}");
+    assert!(starts.lines().count() as u64 <= 2 * made + 2, "{made} pooled sandboxes:\n{starts}");
+}

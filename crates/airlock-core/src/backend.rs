@@ -60,6 +60,18 @@ pub trait Backend: Send + Sync {
     /// that names the missing piece, anything it cannot enforce; never runs
     /// with less than the policy asks.
     fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError>;
+
+    /// Makes a sandbox and starts it warm ([`Instance::start_warm`]), as a
+    /// pool's refill does. A backend that prepares a cold sandbox's first
+    /// run ahead of it, in a way a warm start cannot use, leaves that out.
+    fn create_warm(
+        &self,
+        policy: &Policy,
+        runtime: &Runtime,
+        preload: &[String],
+    ) -> Result<Box<dyn WarmInstance>, SandboxError> {
+        self.create(policy, runtime)?.start_warm(preload)
+    }
 }
 
 /// One sandbox: a work directory that lives as long as the instance, and the

@@ -181,6 +181,34 @@ impl Backend for LinuxBackend {
     }
 
     fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError> {
+        Ok(Box::new(self.make(policy, runtime, FirstRun::Here)?))
+    }
+
+    /// A warm sandbox's run is made on a thread of its own (`warm`), which
+    /// may not use a helper started on this one (see `spare`): none is
+    /// started for it here, nor its network namespace made, only to be
+    /// refused.
+    fn create_warm(
+        &self,
+        policy: &Policy,
+        runtime: &Runtime,
+        preload: &[String],
+    ) -> Result<Box<dyn airlock_core::WarmInstance>, SandboxError> {
+        Box::new(self.make(policy, runtime, FirstRun::Elsewhere)?).start_warm(preload)
+    }
+}
+
+/// Where a sandbox's first run is made: on the thread that made the
+/// sandbox, whose run's helper is then started while the sandbox is built
+/// (`spare`), or on another.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FirstRun {
+    Here,
+    Elsewhere,
+}
+
+impl LinuxBackend {
+    fn make(&self, policy: &Policy, runtime: &Runtime, first_run: FirstRun) -> Result<LinuxInstance, SandboxError> {
         let state = self.state();
         // Taken first, so that a sandbox refused below ends it too.
         let spare = self.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
@@ -232,11 +260,14 @@ impl Backend for LinuxBackend {
         // sent, while the sandbox is built. One of another thread's is
         // refused, and reaped with the sandbox's ending helpers.
         let (run_spare, refused_run_spare) = match run_spare {
-            Some(s) if s.started_on_this_thread() => (Some(s), None),
+            Some(s) if s.started_on_this_thread() && first_run == FirstRun::Here => (Some(s), None),
             Some(s) => (None, s.refuse()),
             None => (None, None),
         };
-        let next_for_run = || run_spare.or_else(|| spare::SpareHelper::start_for_run(&helper));
+        let next_for_run = || match first_run {
+            FirstRun::Here => run_spare.or_else(|| spare::SpareHelper::start_for_run(&helper)),
+            FirstRun::Elsewhere => None,
+        };
         let building = start_setup(&helper, plan, spare, next_for_run);
         // While the helper builds: the cgroup of the sandbox's first run,
         // made now rather than after the sandbox is handed over (see
@@ -270,7 +301,7 @@ impl Backend for LinuxBackend {
                 ),
             );
         }
-        Ok(Box::new(LinuxInstance {
+        Ok(LinuxInstance {
             native: self.native.clone(),
             helper,
             policy: policy.clone(),
@@ -290,7 +321,7 @@ impl Backend for LinuxBackend {
             run_helper: std::sync::Mutex::new(run_helper),
             first_cgroup: std::sync::Mutex::new(first_cgroup),
             host_id,
-        }))
+        })
     }
 }
 

@@ -981,10 +981,7 @@ impl Shared {
             }
             let began = Instant::now();
             let made = match self.options.mode {
-                PoolMode::Pooled => self
-                    .backend
-                    .create(&self.policy, &self.runtime)
-                    .and_then(|instance| instance.start_warm(&self.options.preload)),
+                PoolMode::Pooled => self.backend.create_warm(&self.policy, &self.runtime, &self.options.preload),
                 PoolMode::Forked => self.fork(),
             };
             let mut state = self.lock();
