@@ -291,6 +291,12 @@ fn a_process_that_a_spawned_child_starts_runs_the_code_too() {
 def leaf(q):
     q.put(f"leaf {__file__}")
 def middle(q, method):
+    # A module that prepares children, loaded only now (as joblib loads
+    # loky's when first asked for workers), points them at the script too.
+    import sys
+    sys.modules.pop("multiprocessing.spawn")
+    import multiprocessing.spawn as loaded_now
+    q.put(loaded_now.get_preparation_data("x").get("init_main_from_path"))
     p = mp.get_context(method).Process(target=leaf, args=(q,))
     p.start()
     p.join()
@@ -302,13 +308,13 @@ if __name__ == "__main__":
             p = mp.get_context(outer).Process(target=middle, args=(q, inner))
             p.start()
             p.join(30)
-            print(outer, q.get(timeout=5), q.get(timeout=5), p.exitcode)
+            print(outer, *(q.get(timeout=5) for _ in range(3)), p.exitcode)
 "#;
     let expected = |name: &str| {
         ["spawn spawn", "spawn forkserver", "forkserver spawn", "forkserver forkserver"]
             .map(|pair| {
                 let (outer, inner) = pair.split_once(' ').unwrap();
-                format!("{outer} leaf {name} {inner} 0 0")
+                format!("{outer} /tmp/.airlock-main.py leaf {name} {inner} 0 0")
             })
             .join("\n")
     };

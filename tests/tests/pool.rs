@@ -948,12 +948,29 @@ fn a_fork_that_only_looks_confined_is_caught_from_outside_and_the_run_goes_cold(
     }
 }
 
-/// A pooled sandbox's run is made on a thread of its own, which may not use
-/// a helper started on the refill's (`spare`): the backend starts none for
-/// it. It used to start one per sandbox that made a network namespace (as
-/// root) and was then refused, unused.
+/// A pooled sandbox's run, and a forked pool's template, is made on a
+/// thread of its own, which may not use a helper started on the refill's
+/// (`spare`): the backend starts none for it. It used to start one for each
+/// that made a network namespace (as root) and was then refused, unused.
 #[test]
 fn a_pooled_sandbox_starts_no_helper_for_its_run_that_it_does_not_use() {
+    let (made, starts) = helper_starts_of_a_pool(PoolMode::Pooled);
+    // Each sandbox's setup and its run: two starts a sandbox, and one
+    // spare more, for a first run, with the backend's probe.
+    assert!(made >= 4, "{made} sandboxes made");
+    assert!(starts.lines().count() as u64 <= 2 * made + 2, "{made} pooled sandboxes:\n{starts}");
+}
+
+#[test]
+fn a_forked_pools_template_starts_no_helper_for_its_run_that_it_does_not_use() {
+    helper_starts_of_a_pool(PoolMode::Forked);
+}
+
+/// The sandboxes a pool of `mode` made for three runs (a forked pool's
+/// each from a template of its own) and the helper's starts meanwhile, each
+/// line its arguments; asserts that at most one helper was started ahead of
+/// a run (the backend's, with its probe).
+fn helper_starts_of_a_pool(mode: PoolMode) -> (u64, String) {
     use std::os::unix::fs::PermissionsExt;
     let _alone = exclusive();
     // The helper, behind a script that notes each start's arguments.
@@ -966,21 +983,29 @@ fn a_pooled_sandbox_starts_no_helper_for_its_run_that_it_does_not_use() {
     )
     .unwrap();
     std::fs::set_permissions(&noting, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The forked mode's library, from beside the real helper.
+    let library = airlock_tests::helper().with_file_name(airlock_linux::FORK_LIB_NAME);
     let backend: &'static airlock_linux::LinuxBackend =
-        Box::leak(Box::new(airlock_linux::LinuxBackend::with_helper(&noting)));
-    let options = PoolOptions { size: 1, preload: Vec::new(), ..PoolOptions::default() };
+        Box::leak(Box::new(airlock_linux::LinuxBackend::with_helper(&noting).with_fork_library(library)));
+    // A forked pool's template is made again once it passes the expiry:
+    // each run then comes from a template of its own.
+    let idle_expiry = Duration::from_secs(if mode == PoolMode::Forked { 1 } else { 600 });
+    let options = PoolOptions { size: 1, preload: Vec::new(), mode, idle_expiry, ..PoolOptions::default() };
     let pool = Pool::with_backend(backend, Policy::default(), data_image(), options, None);
-    assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
     for _ in 0..3 {
-        assert_eq!(pooled_ok(&run(&pool, "print(1+1)")), "2");
+        if mode == PoolMode::Forked {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not fill: {:?}", pool.stats());
+        assert_eq!(served_ok(&run(&pool, "print(1+1)"), mode), "2");
         assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", pool.stats());
     }
     let starts = std::fs::read_to_string(&log).unwrap();
     let made = pool.stats().refills;
-    assert!(made >= 4, "{made} sandboxes made");
-    // Each sandbox's setup and its run: two starts a sandbox. One spare
-    // more, for a first run, comes with the backend's probe.
+    if mode == PoolMode::Forked {
+        assert!(pool.stats().templates >= 2, "one template for every run: {:?}", pool.stats());
+    }
     let spares = starts.lines().filter(|line| line.contains("run-spare")).count();
-    assert!(spares <= 1, "{spares} helpers started ahead of runs, for {made} pooled sandboxes:\n{starts}");
-    assert!(starts.lines().count() as u64 <= 2 * made + 2, "{made} pooled sandboxes:\n{starts}");
+    assert!(spares <= 1, "{spares} helpers started ahead of runs, for {made} {mode:?} sandboxes:\n{starts}");
+    (made, starts)
 }

@@ -43,6 +43,14 @@ pub fn main<C: clap::Parser>(run: impl FnOnce(C) -> anyhow::Result<ExitCode>) ->
     unsafe {
         dlmalloc::enable_alloc_after_fork()
     };
+    // Taken out of the environment at once, so that nothing this program
+    // starts (a probe of the interpreter, a compile, pip) inherits it.
+    let started_by = std::env::var_os(STARTED_BY_ENV);
+    if started_by.is_some() {
+        // SAFETY: called first, while the program has one thread: no other
+        // thread reads or writes the environment meanwhile.
+        unsafe { std::env::remove_var(STARTED_BY_ENV) };
+    }
     let command = match C::try_parse() {
         Ok(command) => command,
         Err(error) => {
@@ -50,7 +58,7 @@ pub fn main<C: clap::Parser>(run: impl FnOnce(C) -> anyhow::Result<ExitCode>) ->
             if !error.use_stderr() {
                 return ExitCode::SUCCESS;
             }
-            if let Some(airlock) = std::env::var_os(STARTED_BY_ENV) {
+            if let Some(airlock) = started_by {
                 let serve = std::env::current_exe().map(|path| path.display().to_string()).unwrap_or_default();
                 eprintln!(
                     "\nairlock: {} accepted these arguments and airlock-serve ({serve}) refused them: the two are \

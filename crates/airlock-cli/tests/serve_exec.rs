@@ -198,8 +198,9 @@ fn an_airlock_serve_of_another_build_is_said_to_be_one() {
     std::fs::write(&stale, format!("#!/bin/sh\nexec {AIRLOCK_SERVE:?} \"$@\" --added-by-a-later-build\n")).unwrap();
     std::fs::set_permissions(&stale, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let stderr = serve_refused_with(dir.path(), stale.to_str().unwrap());
-    assert!(stderr.contains("--added-by-a-later-build"), "clap's own error comes first: {stderr}");
-    assert!(stderr.contains("from different builds"), "the mismatch is named: {stderr}");
+    let refused = stderr.find("--added-by-a-later-build").expect("clap's own error");
+    let mismatch = stderr.find("from different builds").expect("the mismatch is named");
+    assert!(refused < mismatch, "clap's own error comes first: {stderr}");
     assert!(stderr.contains(AIRLOCK), "the airlock that started it is named: {stderr}");
     assert!(stderr.contains("scripts/build") && stderr.contains("AIRLOCK_SERVE"), "the fix is said: {stderr}");
 

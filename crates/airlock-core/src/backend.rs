@@ -61,16 +61,13 @@ pub trait Backend: Send + Sync {
     /// with less than the policy asks.
     fn create(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError>;
 
-    /// Makes a sandbox and starts it warm ([`Instance::start_warm`]), as a
-    /// pool's refill does. A backend that prepares a cold sandbox's first
-    /// run ahead of it, in a way a warm start cannot use, leaves that out.
-    fn create_warm(
-        &self,
-        policy: &Policy,
-        runtime: &Runtime,
-        preload: &[String],
-    ) -> Result<Box<dyn WarmInstance>, SandboxError> {
-        self.create(policy, runtime)?.start_warm(preload)
+    /// Makes a sandbox as [`Backend::create`] does, to be started ahead of
+    /// its run, warm or as a template ([`Instance::start_warm`],
+    /// [`Instance::start_template`]), as a pool's refill does. A backend that
+    /// prepares a cold sandbox's first run ahead of it, in a way those
+    /// cannot use, leaves that out.
+    fn create_to_start_ahead(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError> {
+        self.create(policy, runtime)
     }
 }
 

@@ -221,6 +221,58 @@ _CHILD_MAIN_WRITES = []
 # module or take the name of a file the run was given.
 _CHILD_MAIN_FILE = "/tmp/.airlock-main.py"
 
+# The part of _child_main_file's script that points the children a child
+# starts at the script (SCRIPT is its path). Such a child would be told to
+# run `__main__`'s file, which multiprocessing and loky read as its
+# `__file__`: the display name, a file that is not there. The functions
+# that prepare a child are wrapped in each of those modules, in the ones
+# loaded now and, through a finder, in any loaded later (joblib loads loky
+# when the code first asks it for workers).
+_POINT_CHILDREN_HERE = r"""def _airlock_point_children_here(sys=_sys, script=SCRIPT):
+    names = ('multiprocessing.spawn', 'multiprocess.spawn',
+             'loky.backend.spawn', 'joblib.externals.loky.backend.spawn')
+    def point(module):
+        if getattr(module, '_airlock_points_here', False):
+            return
+        def get_preparation_data(*args, _original=module.get_preparation_data, **kwargs):
+            data = _original(*args, **kwargs)
+            if 'init_main_from_path' in data:
+                data['init_main_from_path'] = script
+            return data
+        module.get_preparation_data = get_preparation_data
+        module._airlock_points_here = True
+    class Loader:
+        def __init__(self, loader):
+            self.loader = loader
+        def __getattr__(self, attribute):
+            return getattr(self.loader, attribute)
+        def create_module(self, spec):
+            return self.loader.create_module(spec)
+        def exec_module(self, module):
+            self.loader.exec_module(module)
+            point(module)
+    class Finder:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            if fullname not in names:
+                return None
+            for finder in sys.meta_path:
+                if finder is Finder or not hasattr(finder, 'find_spec'):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if hasattr(spec.loader, 'exec_module'):
+                        spec.loader = Loader(spec.loader)
+                    return spec
+            return None
+    for name in names:
+        if name in sys.modules:
+            point(sys.modules[name])
+    sys.meta_path.insert(0, Finder)
+_airlock_point_children_here()
+del _airlock_point_children_here
+"""
+
 
 def _child_main_file():
     """A script for the code's spawn and forkserver children, written once a
@@ -272,28 +324,8 @@ def _write_child_main(code, display_name):
         f"_airlock_code = compile({code!r}, {display_name!r}, 'exec')\n"
         "# The code sees its own name, as in the run.\n"
         f"__file__ = _sys.argv[0] = {display_name!r}\n"
-        "# A child this child starts by spawn or forkserver would be told to\n"
-        "# run `__main__`'s file, which multiprocessing and loky read as its\n"
-        "# `__file__`: that name, a file that is not there. It is told this\n"
-        "# script's path instead, and runs the code as this child does.\n"
-        "def _airlock_point_children_here(sys=_sys):\n"
-        f"    name, script = {display_name!r}, {_CHILD_MAIN_FILE!r}\n"
-        "    for module_name in ('multiprocessing.spawn', 'multiprocess.spawn',\n"
-        "                        'loky.backend.spawn', 'joblib.externals.loky.backend.spawn'):\n"
-        "        module = sys.modules.get(module_name)\n"
-        "        if module is None or getattr(module, '_airlock_points_here', False):\n"
-        "            continue\n"
-        "        def get_preparation_data(*args, _original=module.get_preparation_data, **kwargs):\n"
-        "            data = _original(*args, **kwargs)\n"
-        "            main = sys.modules.get('__main__')\n"
-        "            if 'init_main_from_path' in data and getattr(main, '__file__', None) == name:\n"
-        "                data['init_main_from_path'] = script\n"
-        "            return data\n"
-        "        module.get_preparation_data = get_preparation_data\n"
-        "        module._airlock_points_here = True\n"
-        "_airlock_point_children_here()\n"
-        "del _airlock_point_children_here\n"
-        "del _builtins, _os, _sys\n"
+        + _POINT_CHILDREN_HERE.replace("SCRIPT", repr(_CHILD_MAIN_FILE))
+        + "del _builtins, _os, _sys\n"
         "exec(_airlock_code)\n"
         "del _airlock_code\n"
     ).encode()

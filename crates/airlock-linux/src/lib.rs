@@ -184,17 +184,12 @@ impl Backend for LinuxBackend {
         Ok(Box::new(self.make(policy, runtime, FirstRun::Here)?))
     }
 
-    /// A warm sandbox's run is made on a thread of its own (`warm`), which
-    /// may not use a helper started on this one (see `spare`): none is
-    /// started for it here, nor its network namespace made, only to be
-    /// refused.
-    fn create_warm(
-        &self,
-        policy: &Policy,
-        runtime: &Runtime,
-        preload: &[String],
-    ) -> Result<Box<dyn airlock_core::WarmInstance>, SandboxError> {
-        Box::new(self.make(policy, runtime, FirstRun::Elsewhere)?).start_warm(preload)
+    /// A warm sandbox's run and a template's are each made on a thread of
+    /// their own (`warm`, `forked`), which may not use a helper started on
+    /// this one (see `spare`): none is started for them here, nor its
+    /// network namespace made, only to be refused.
+    fn create_to_start_ahead(&self, policy: &Policy, runtime: &Runtime) -> Result<Box<dyn Instance>, SandboxError> {
+        Ok(Box::new(self.make(policy, runtime, FirstRun::Elsewhere)?))
     }
 }
 
@@ -257,8 +252,9 @@ impl LinuxBackend {
         let cgroups = if degraded.contains(&Layer::Cgroups) { None } else { state.cgroups.clone().ok() };
         // The run's spare started with the probe, if this thread started it
         // (only that thread may use it); else one started once the setup is
-        // sent, while the sandbox is built. One of another thread's is
-        // refused, and reaped with the sandbox's ending helpers.
+        // sent, while the sandbox is built. One of another thread's, or any
+        // where the first run is made elsewhere (which then starts none),
+        // is refused, and reaped with the sandbox's ending helpers.
         let (run_spare, refused_run_spare) = match run_spare {
             Some(s) if s.started_on_this_thread() && first_run == FirstRun::Here => (Some(s), None),
             Some(s) => (None, s.refuse()),

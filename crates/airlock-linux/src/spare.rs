@@ -18,7 +18,7 @@
 //! to 1.35x (bench/results/startup.md, stop 36). A later sandbox's setup,
 //! and the first one's made on another thread, starts its run's helper
 //! while the sandbox is built; a pooled sandbox's, whose run is made on a
-//! thread of its own, starts none (`Backend::create_warm`).
+//! thread of its own, starts none (`Backend::create_to_start_ahead`).
 //!
 //! A spare is an ordinary helper, started as [`spawn_helper`] starts every
 //! helper, that has not been sent its request yet: it closes everything but

@@ -892,7 +892,7 @@ impl Shared {
             *template = None;
             let started = self
                 .backend
-                .create(&self.policy, &self.runtime)
+                .create_to_start_ahead(&self.policy, &self.runtime)
                 .and_then(|instance| instance.start_template(&self.options.preload))?;
             *template = Some((started, Instant::now()));
             self.lock().templates += 1;
@@ -981,7 +981,10 @@ impl Shared {
             }
             let began = Instant::now();
             let made = match self.options.mode {
-                PoolMode::Pooled => self.backend.create_warm(&self.policy, &self.runtime, &self.options.preload),
+                PoolMode::Pooled => self
+                    .backend
+                    .create_to_start_ahead(&self.policy, &self.runtime)
+                    .and_then(|instance| instance.start_warm(&self.options.preload)),
                 PoolMode::Forked => self.fork(),
             };
             let mut state = self.lock();
