@@ -245,6 +245,22 @@ fn no_capabilities_no_new_privileges_and_seccomp() {
     }
 }
 
+/// The run's init (PID 1, the reaper the code cannot signal) gives up every
+/// capability before it seals the run's root, so that the code never runs
+/// beside an init holding one; its filter follows. No test here can catch
+/// the order itself (the init's last steps take microseconds, the code's
+/// start milliseconds): this one holds the state the code finds.
+#[test]
+fn the_init_beside_the_code_holds_no_capability() {
+    let record = shell(Policy::default(), "grep -E '^(Cap[A-Za-z]+|NoNewPrivs|Seccomp):' /proc/1/status");
+    let out = ok_stdout(&record);
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(out.contains(&format!("{set}:\t0000000000000000")), "the init's {set} is not empty:\n{out}");
+    }
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+}
+
 #[test]
 fn denied_system_calls_fail() {
     let code = r#"

@@ -358,12 +358,16 @@ fn sandbox_init(
     mounts::mount_run_proc()?;
     mounts::pivot_onto_stage()?;
     mounts::detach_old_root()?;
+    // The root is finished: the init needs no capability from here on, and
+    // gives them all up before the code's process may join it, so that no
+    // code ever runs beside an init that holds one. (Its filter comes after
+    // the seal: loading it takes longer, and the code's process waits.)
+    caps::drop_all()?;
     rustix::io::write(&seal_write, &[ROOT_SEALED]).map_err(|e| Failure::new("seal the run's root", "", &e.into()))?;
     drop(seal_write);
     // The socket stays open until the init dies: its hanging up tells the
     // helper the init died, before the kernel ends the rest of the run.
     sys::close_from_except(3, helper.as_raw_fd()).map_err(|e| Failure::new("close descriptors", "", &e))?;
-    caps::drop_all()?;
     sys::install_seccomp(&plan.seccomp).map_err(|e| Failure::new("seccomp for init", "", &e))?;
     sys::reap_orphans_forever()
 }
