@@ -6,7 +6,12 @@
 
 use std::time::Duration;
 
-use airlock::{Policy, Pool, PoolMode, PoolOptions, RunRecord, RunRequest, RunStart, Status};
+#[path = "../../crates/airlock-net/tests/common/mod.rs"]
+mod servers;
+
+use airlock::{
+    NetworkVerdict, Policy, PolicySpec, Pool, PoolMode, PoolOptions, RunRecord, RunRequest, RunStart, Status,
+};
 use airlock_tests::{
     EACH_START_METHOD_SUMS, ENDS_WITH_WORK_LEFT, POOLS_OF_EACH_START_METHOD, assert_ended_as_an_exit_does, data_image,
     exclusive, linux,
@@ -1008,4 +1013,71 @@ fn helper_starts_of_a_pool(mode: PoolMode) -> (u64, String) {
     let spares = starts.lines().filter(|line| line.contains("run-spare")).count();
     assert!(spares <= 1, "{spares} helpers started ahead of runs, for {made} {mode:?} sandboxes:\n{starts}");
     (made, starts)
+}
+
+/// A pool whose policy allows hosts serves its runs warm: each pooled
+/// sandbox makes its proxy's listener with the rest, and the proxy starts
+/// at the claim, so that it serves the run alone, from its release. The run
+/// reaches the allowed host through it and nothing else, and its record
+/// holds its own connections and no other run's. A forked pool's forks have
+/// no listener: its runs go cold, and say why. Before this, every run of
+/// such a pool went cold.
+#[test]
+fn a_pool_with_allowed_hosts_serves_them_warm_through_a_proxy_started_at_the_claim() {
+    let _alone = exclusive();
+    let allowed = servers::Server::http();
+    let other = servers::Server::http();
+    let spec = PolicySpec { allow_hosts: Some(vec![format!("127.0.0.1:{}", allowed.port())]), ..Default::default() };
+    let policy = Policy::from_spec(&spec, &airlock::host_facts().unwrap()).unwrap();
+    let code = format!(
+        "import os, urllib.request, urllib.error\n\
+         def fetch(url):\n\
+         \x20   try:\n\
+         \x20       with urllib.request.urlopen(url, timeout=10) as r:\n\
+         \x20           return r.status, r.read().decode()\n\
+         \x20   except urllib.error.HTTPError as e:\n\
+         \x20       return e.code, ''\n\
+         \x20   except Exception as e:\n\
+         \x20       return type(e).__name__, str(e)[:80]\n\
+         print(os.environ['HTTP_PROXY'])\n\
+         print(fetch('http://127.0.0.1:{a}/warm'))\n\
+         print(fetch('http://127.0.0.1:{o}/'))",
+        a = allowed.port(),
+        o = other.port()
+    );
+
+    let pool = pool(policy.clone(), 1, &["json"]);
+    for round in 1..=2 {
+        let record = run(&pool, &code);
+        let out = pooled_ok(&record);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines, ["http://127.0.0.1:3128", "(200, 'hello from /warm')", "(403, '')"], "round {round}");
+        let network = record.network.as_ref().expect("a network section");
+        let verdicts: Vec<NetworkVerdict> = network.connections.iter().map(|c| c.verdict).collect();
+        assert_eq!(verdicts, [NetworkVerdict::Allowed, NetworkVerdict::Denied], "round {round}: {network:?}");
+        assert_eq!(allowed.requests().len(), round, "round {round}");
+    }
+    assert_eq!(other.connections(), 0, "a host not allowed was dialled");
+    drop(pool);
+
+    let options = PoolOptions {
+        size: 1,
+        preload: vec!["json".to_owned()],
+        idle_expiry: Duration::from_secs(600),
+        memory_budget: None,
+        env_at_claim: Vec::new(),
+        mode: PoolMode::Forked,
+    };
+    let forked = Pool::with_backend(linux(), policy, data_image(), options, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while forked.stats().refill_failures == 0 {
+        assert!(std::time::Instant::now() < deadline, "the template started: {:?}", forked.stats());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let record = run(&forked, &code);
+    assert_eq!(record.status, Status::Ok, "{:?}", record.message);
+    assert_eq!(record.usage.start, Some(RunStart::Cold));
+    assert!(record.stdout.contains("(200, 'hello from /warm')"), "{}", record.stdout);
+    let why = &record.isolation.details["pool"];
+    assert!(why.contains("no proxy listener"), "{why}");
 }

@@ -121,7 +121,9 @@ impl LinuxTemplate {
             return Err(refuse("a fork's processes are moved into the run's cgroup, and this host gives none"));
         }
         if instance.policy.network.is_enabled() {
-            return Err(refuse("a run with allowed hosts starts its proxy at the release; it runs cold"));
+            return Err(refuse(
+                "a fork has no proxy listener: a run with allowed hosts runs cold (a pool in the pooled mode serves it warm)",
+            ));
         }
         if !instance.degraded.is_empty() {
             return Err(refuse(

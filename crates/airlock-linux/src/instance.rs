@@ -96,9 +96,6 @@ impl Instance for LinuxInstance {
         if self.cgroups.is_none() {
             return Err(refuse("without a cgroup the preload's CPU time could not be told from the run's"));
         }
-        if self.policy.network.is_enabled() {
-            return Err(refuse("a run with allowed hosts starts its proxy at the release; it runs cold"));
-        }
         Ok(Box::new(crate::warm::WarmSandbox::start(self, preload)?))
     }
 
@@ -253,8 +250,10 @@ impl LinuxInstance {
             ready_fifo: program.announces,
             code_fifo: program.fed,
             proxy_listener: network && !template,
-            // The proxy must serve before the code's first byte.
-            hold_for_release: network && !template,
+            // The proxy must serve before the code's first byte: a cold
+            // run's code waits for it; a warm run's imports its preload
+            // meanwhile, and its proxy starts at the claim (`supervise`).
+            hold_for_release: network && matches!(mode, Mode::Cold),
             argv: program.argv,
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),

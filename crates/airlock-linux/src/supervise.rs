@@ -341,6 +341,10 @@ struct Run<'a, 'w, 'p, 'g> {
     wants_ready: bool,
     wants_code: bool,
     wants_proxy: bool,
+    /// A warm run's proxy listener, held until its claim: the proxy starts
+    /// at the release, with the claim's clock, so that everything it
+    /// serves is the run's.
+    proxy_listener: Option<OwnedFd>,
     /// The helper holds the code until it is released.
     holds: bool,
     /// The run's helper; `None` for a forked run, whose template is its
@@ -484,6 +488,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             wants_ready,
             wants_code,
             wants_proxy,
+            proxy_listener: None,
             holds,
             helper: Some(child),
             refused,
@@ -564,6 +569,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             wants_ready: true,
             wants_code: true,
             wants_proxy: false,
+            proxy_listener: None,
             holds: false,
             helper: None,
             refused: None,
@@ -784,6 +790,15 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             self.kill(KillReason::Requested);
             return;
         };
+        // The proxy serves from the release on, before the code's first
+        // byte: a connection the preload began meanwhile waited in the
+        // listener's queue, and is served as the run's, in its record.
+        if let Some(listener) = self.proxy_listener.take()
+            && !(self.on_proxy)(listener)
+        {
+            self.kill(KillReason::ProxyFailed);
+            return;
+        }
         let now = Instant::now();
         self.wall_time = release.wall_time;
         self.cpu_time = release.cpu_time;
@@ -926,9 +941,18 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         if self.wants_code {
             self.code = fds.next();
         }
-        // No listener handed over counts as a proxy that did not start.
-        if self.wants_proxy && !fds.next().is_some_and(&mut *self.on_proxy) {
-            self.kill(KillReason::ProxyFailed);
+        // No listener handed over counts as a proxy that did not start. A
+        // warm run's starts at its release (`on_preloaded`).
+        if self.wants_proxy {
+            match fds.next() {
+                Some(listener) if self.gate.is_some() => self.proxy_listener = Some(listener),
+                Some(listener) => {
+                    if !(self.on_proxy)(listener) {
+                        self.kill(KillReason::ProxyFailed);
+                    }
+                }
+                None => self.kill(KillReason::ProxyFailed),
+            }
         }
         if self.observed.killed.is_some() {
             self.kill_now();

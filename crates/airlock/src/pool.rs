@@ -41,7 +41,9 @@
 //! [`PoolOptions::env_at_claim`] (set by the driver after the claim, before
 //! the code's first byte). Everything else in force since the sandbox
 //! started (the rest of the environment, CPUs, disk, output and file caps,
-//! the network, the image) must be the pool's, or the run goes cold.
+//! the network, the image) must be the pool's, or the run goes cold. A
+//! pool whose policy allows hosts is served warm in the pooled mode: the
+//! proxy, with the pool's allowlist, starts at each run's release.
 //!
 //! The environment is allowed by name, never guessed: the interpreter reads
 //! some variables at its start, the preload's imports read others, and C
