@@ -1048,6 +1048,7 @@ fn a_pool_with_allowed_hosts_serves_them_warm_through_a_proxy_started_at_the_cla
 
     let pool = pool(policy.clone(), 1, &["json"]);
     for round in 1..=2 {
+        assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", pool.stats());
         let record = run(&pool, &code);
         let out = pooled_ok(&record);
         let lines: Vec<&str> = out.lines().collect();

@@ -39,6 +39,8 @@ as_root_and_as_nobody! {
         a_flood_cannot_hold_off_the_clock_as_root, a_flood_cannot_hold_off_the_clock_as_nobody;
     a_teardown_that_fails_keeps_the_record:
         a_teardown_that_fails_keeps_the_record_as_root, a_teardown_that_fails_keeps_the_record_as_nobody;
+    a_limit_the_run_did_not_reach_is_never_named:
+        a_limit_the_run_did_not_reach_is_never_named_as_root, a_limit_the_run_did_not_reach_is_never_named_as_nobody;
 }
 
 /// Asserts the audit store holds exactly the record the caller got.
@@ -157,6 +159,55 @@ print("undone", os.statvfs("/work").f_bavail > 0, len(os.listdir("/proc/self/fd"
     for limit in ["disk", "inodes", "open_files"] {
         assert!(hit.contains(&limit), "{limit} in {hit:?}");
     }
+    assert_audited(&airlock, &record);
+}
+
+/// The signals the kernel sends for a limit are the code's to send too:
+/// SIGXCPU (the CPU rlimit's) and SIGXFSZ (the file-size rlimit's) sent to
+/// itself, SIGXCPU from an RLIMIT_CPU it lowered itself, and SIGKILL sent
+/// to itself once a child of its was killed at the memory limit. None may
+/// make the record name a limit the run did not reach, or say the kernel
+/// killed the code. (Before, the first three were recorded as the CPU-time
+/// and disk limits, after milliseconds of CPU, and the last as the code
+/// "killed by the kernel at the memory limit".)
+fn a_limit_the_run_did_not_reach_is_never_named(user: User) {
+    let airlock = AirlockAs::new(user);
+    let cases: [(&str, &str, i64); 3] = [
+        ("its own SIGXCPU", "import os, signal\nprint('hi', flush=True)\nos.kill(os.getpid(), signal.SIGXCPU)", 24),
+        (
+            "its own SIGXFSZ",
+            "import os, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_DFL)\nos.kill(os.getpid(), signal.SIGXFSZ)",
+            25,
+        ),
+        (
+            "SIGXCPU from its own lower rlimit",
+            "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (1, resource.getrlimit(resource.RLIMIT_CPU)[1]))\n\
+             while True:\n    pass",
+            24,
+        ),
+    ];
+    for (name, code, signal) in cases {
+        let (record, output) = airlock.run(&["--cpu-time", "20", "-c", code]);
+        let said = format!("{name}: {record}\n{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(record["status"], "failed", "{said}");
+        assert_eq!(record["signal"], signal, "{said}");
+        assert_eq!(strings(&record["limits_hit"]), Vec::<&str>::new(), "{said}");
+        assert!(record["usage"]["cpu_ms"].as_u64().is_some_and(|ms| ms < 20_000), "{said}");
+        assert_audited(&airlock, &record);
+    }
+
+    let code = "import os, subprocess, sys\n\
+                child = subprocess.run([sys.executable, '-c', 'x = bytearray(300 << 20)'])\n\
+                print('child', child.returncode, flush=True)\n\
+                os.kill(os.getpid(), 9)";
+    let (record, output) = airlock.run(&["--memory", "100", "-c", code]);
+    let said = format!("{record}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(record["stdout"], "child -9\n", "{said}");
+    assert_eq!(record["signal"], 9, "{said}");
+    assert!(strings(&record["limits_hit"]).contains(&"memory"), "{said}");
+    let message = record["message"].as_str().unwrap_or_default();
+    assert!(!message.contains("killed by the kernel"), "the record says the kernel killed the code: {said}");
+    assert!(message.contains("the kernel's OOM killer ended a process of it"), "{said}");
     assert_audited(&airlock, &record);
 }
 

@@ -15,7 +15,6 @@ use airlock_policy::{Limit, Limits, Status};
 
 const SIGKILL: i32 = 9;
 const SIGXCPU: i32 = 24;
-const SIGXFSZ: i32 = 25;
 
 /// Why airlock itself stopped a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,25 +147,29 @@ pub fn classify(seen: &Observations, limits: &Limits) -> Verdict {
             (Status::Failed, format!("stopped when its files and folders passed the cap of {}", limits.disk_inodes))
         }
         (Some(Stop::Requested), _) => (Status::InternalError, "stopped on request before it finished".to_owned()),
+        // Said of the run, not of the code's process: which process the
+        // OOM killer chose is not known, and the code may kill itself once
+        // it has seen a child of its killed.
         (None, CodeEnd::Unknown | CodeEnd::Signalled(SIGKILL)) if seen.oom_killed => (
             Status::MemoryLimit,
-            format!("killed by the kernel at the memory limit of {} MiB", limits.memory_bytes >> 20),
+            format!(
+                "the run reached its memory limit of {} MiB: the kernel's OOM killer ended a process of it, and the \
+                 code ended by SIGKILL",
+                limits.memory_bytes >> 20
+            ),
         ),
         (None, CodeEnd::Unknown) => (Status::InternalError, "airlock did not see how the code ended".to_owned()),
-        (None, CodeEnd::Signalled(SIGXCPU)) => {
+        // The CPU rlimit's signals, the soft limit's SIGXCPU and the hard
+        // one's SIGKILL a second later, count only with the CPU time spent:
+        // the code can send either to itself, or lower its own rlimit, and
+        // that is its own doing, not the run's limit.
+        (None, CodeEnd::Signalled(SIGXCPU | SIGKILL)) if over_cpu => {
             hit.insert(Limit::CpuTime);
             (Status::CpuLimit, at_cpu_limit())
         }
-        // The CPU rlimit's hard limit, a second past the soft one.
-        (None, CodeEnd::Signalled(SIGKILL)) if over_cpu => {
-            hit.insert(Limit::CpuTime);
-            (Status::CpuLimit, at_cpu_limit())
-        }
-        // The file-size rlimit is the size of the disk: a file reached it.
-        (None, CodeEnd::Signalled(SIGXFSZ)) => {
-            hit.insert(Limit::Disk);
-            (Status::Failed, String::new())
-        }
+        // SIGXFSZ is the file-size rlimit's (as large as the whole disk) or
+        // the code's own: the disk is listed only where it was seen full
+        // (`reached`), as for any other end.
         (None, CodeEnd::Exited(0)) => (Status::Ok, String::new()),
         (None, CodeEnd::Exited(_) | CodeEnd::Signalled(_) | CodeEnd::Trapped) => (Status::Failed, String::new()),
     };
@@ -186,6 +189,9 @@ fn seconds(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The file-size rlimit's signal, which names no limit by itself.
+    const SIGXFSZ: i32 = 25;
 
     fn exited(code: i32) -> Observations {
         Observations { code: CodeEnd::Exited(code), ..Observations::default() }
@@ -236,7 +242,21 @@ mod tests {
                 vec![CpuTime],
                 "CPU-time limit of 2 s",
             ),
-            ("cpu time, SIGXCPU", signalled(SIGXCPU), Status::CpuLimit, vec![CpuTime], "CPU-time"),
+            (
+                "cpu time, the rlimit's SIGXCPU",
+                Observations { cpu_used: Some(Duration::from_secs(3)), ..signalled(SIGXCPU) },
+                Status::CpuLimit,
+                vec![CpuTime],
+                "CPU-time",
+            ),
+            (
+                "SIGXCPU under the cpu limit is the code's own",
+                Observations { cpu_used: Some(Duration::from_millis(17)), ..signalled(SIGXCPU) },
+                Status::Failed,
+                vec![],
+                "",
+            ),
+            ("SIGXCPU with no CPU time measured claims no limit", signalled(SIGXCPU), Status::Failed, vec![], ""),
             (
                 "cpu time, the rlimit's SIGKILL",
                 Observations { cpu_used: Some(Duration::from_secs(2)), ..signalled(SIGKILL) },
@@ -258,7 +278,7 @@ mod tests {
                 Observations { oom_killed: true, ..signalled(SIGKILL) },
                 Status::MemoryLimit,
                 vec![Memory],
-                "512 MiB",
+                "memory limit of 512 MiB: the kernel's OOM killer ended a process of it",
             ),
             (
                 "memory, one process killed and the code went on",
@@ -267,7 +287,8 @@ mod tests {
                 vec![Memory],
                 "",
             ),
-            ("file size", signalled(SIGXFSZ), Status::Failed, vec![Disk], ""),
+            ("SIGXFSZ alone claims no limit", signalled(SIGXFSZ), Status::Failed, vec![], ""),
+            ("SIGXFSZ with the disk seen full", reached(signalled(SIGXFSZ), &[Disk]), Status::Failed, vec![Disk], ""),
             ("socket buffers", stopped(Stop::SocketMemory), Status::MemoryLimit, vec![Memory], "socket buffers"),
             (
                 "memory refused by the worker",
