@@ -59,6 +59,11 @@ fn each_live_sandbox_is_a_host_user_of_its_own_and_never_an_account() {
 /// in a second sandbox meanwhile, and returns the probe's record and what
 /// the hog printed.
 fn while_a_neighbour_holds(name: &str, hog: &str, probe: &str) -> (airlock::RunRecord, airlock::RunRecord) {
+    while_a_neighbour_holds_then(name, hog, || sandbox(Policy::default()).run(probe))
+}
+
+/// As [`while_a_neighbour_holds`], with `meanwhile` for the probe.
+fn while_a_neighbour_holds_then<T>(name: &str, hog: &str, meanwhile: impl FnOnce() -> T) -> (T, airlock::RunRecord) {
     let marker = marker(&format!("hog-{name}"));
     let hog = format!(
         "{hog}\nimport subprocess\nsubprocess.run(['{marker}', '60'], executable='/bin/sleep')\nprint('held')",
@@ -77,7 +82,7 @@ fn while_a_neighbour_holds(name: &str, hog: &str, probe: &str) -> (airlock::RunR
         assert!(Instant::now() < deadline, "the hog never took its budget");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let probed = sandbox(Policy::default()).run(probe);
+    let probed = meanwhile();
     // SAFETY: kill(2) on a pid this test found; it touches no memory.
     unsafe { libc::kill(sleeper, libc::SIGKILL) };
     (probed, holder.join().unwrap())
@@ -110,6 +115,47 @@ print("sent" if libc.sigqueue(os.getpid(), signal.SIGRTMIN, 0) == 0 else f"errno
     // Nor could this test process, root on the host, before: the budget was
     // root's, the namespaces' creator's.
     assert!(hog.stdout.contains("queued"), "{}\n{}", hog.stdout, hog.stderr);
+}
+
+/// A run's five devices are nodes of its own, as root: a lock it takes on
+/// one (`flock`, the lock /proc/locks would have shown, and that survives
+/// the masking) is on an inode that neither the host nor another sandbox
+/// holds, so it is no channel between runs of the same time and stalls no
+/// host program that locks /dev/null. (Before, they were the host's nodes,
+/// bound in, and both the host's flock and the neighbour's were refused.)
+#[test]
+fn a_lock_a_run_takes_on_its_devices_is_neither_the_hosts_nor_its_neighbours() {
+    if !is_root() {
+        return; // an ordinary user cannot make device nodes: its runs bind the host's, as README says
+    }
+    let devices = ["null", "zero", "full", "random", "urandom"];
+    let hog = format!(
+        "import fcntl\nheld = [open('/dev/' + name) for name in {devices:?}]\n\
+         for f in held:\n    fcntl.flock(f, fcntl.LOCK_EX)\nprint('locked')"
+    );
+    let probe = format!(
+        "import fcntl\nfor name in {devices:?}:\n    with open('/dev/' + name) as f:\n\
+         \x20       try:\n            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n            print(name, 'free')\n\
+         \x20       except OSError as e:\n            print(name, 'held', e.errno)"
+    );
+    let ((neighbour, host), hog) = while_a_neighbour_holds_then("device-locks", &hog, || {
+        let neighbour = sandbox(Policy::default()).run(&probe);
+        let host: Vec<String> = devices
+            .iter()
+            .map(|name| {
+                use std::os::fd::AsRawFd;
+                let file = std::fs::File::open(format!("/dev/{name}")).unwrap();
+                // SAFETY: flock(2) on a descriptor this test holds open; it touches no memory.
+                let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+                format!("{name} {}", if locked { "free" } else { "held" })
+            })
+            .collect();
+        (neighbour, host)
+    });
+    assert!(hog.stdout.contains("locked"), "{}\n{}", hog.stdout, hog.stderr);
+    let free: Vec<String> = devices.iter().map(|name| format!("{name} free")).collect();
+    assert_eq!(ok_stdout(&neighbour).lines().collect::<Vec<_>>(), free, "the neighbour found a lock of the hog's");
+    assert_eq!(host, free, "the host found a lock of the hog's");
 }
 
 #[test]

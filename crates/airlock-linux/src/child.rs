@@ -98,7 +98,7 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
         IdMapping::Reserved { uid, gid } => {
             mounts::enter_private_namespace()?;
             let built_in = userns::open_own("mnt")?;
-            let trees = mounts::hide_host_paths(mounts::clone_binds(&plan.binds)?)?;
+            let trees = mounts::hide_host_paths(mounts::clone_binds(&plan.binds, mounts::Devices::OwnNodes)?)?;
             mounts::build_root(bytes, inodes, &plan.layout, trees.trees, Some((uid, gid)))?;
             userns::become_host_ids(uid, gid)?;
             userns::enter_new(&plan.ids)?;
@@ -111,7 +111,7 @@ fn setup(plan: &SetupPlan, socket: BorrowedFd<'_>) -> Result<(), Failure> {
         // enter), and builds the root as the sandbox's user.
         IdMapping::Caller | IdMapping::Subordinate { .. } => {
             userns::enter_new(&plan.ids)?;
-            let clones = mounts::clone_binds(&plan.binds)?;
+            let clones = mounts::clone_binds(&plan.binds, mounts::Devices::Hosts)?;
             userns::become_sandbox_user()?;
             let trees = mounts::hide_host_paths(clones)?;
             mounts::build_root(bytes, inodes, &plan.layout, trees.trees, None)?;

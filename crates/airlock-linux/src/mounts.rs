@@ -43,8 +43,27 @@ pub const STAGE: &str = "/tmp";
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
 
-/// Devices the sandbox gets, bound from the host's.
+/// Devices the sandbox gets: nodes of its own where the helper may make
+/// them (root), else bound from the host's.
 pub const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+
+/// Their numbers (major 1, the kernel's memory devices: a fixed ABI), in
+/// the order of [`DEVICES`].
+const DEVICE_MINORS: [u32; 5] = [3, 5, 7, 8, 9];
+
+/// Where the sandbox's own device nodes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Devices {
+    /// Nodes made for this sandbox alone (root, with CAP_MKNOD): a lock the
+    /// code takes on one (`flock` on /dev/null) is on an inode no other
+    /// sandbox and nothing on the host holds. If the host refuses to make
+    /// them (no CAP_MKNOD in a container, a device cgroup), the host's.
+    OwnNodes,
+    /// The host's own nodes, bound in: an ordinary user cannot make device
+    /// nodes. A lock taken on one is seen by the host and by the runs of
+    /// the same time.
+    Hosts,
+}
 
 /// Files under /proc hidden behind /dev/null. They are the host's, not the
 /// run's: its kernel memory, keys, timers and scheduler; how it booted
@@ -297,7 +316,7 @@ pub struct Clones {
 /// interpreter, the devices) with the helper's access to the host's files
 /// (the Python installation may lie below a folder only the caller may
 /// enter), and before the stage covers /tmp (a source may lie below it).
-pub fn clone_binds(binds: &[Bind]) -> Result<Clones, Failure> {
+pub fn clone_binds(binds: &[Bind], devices: Devices) -> Result<Clones, Failure> {
     mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
         .map_err(|e| Failure::new("make mounts private", "/", &e.into()))?;
     let mut clones = Vec::new();
@@ -306,15 +325,39 @@ pub fn clone_binds(binds: &[Bind]) -> Result<Clones, Failure> {
         let (attributes, recursive) = if b.writable { (WRITABLE, false) } else { (READ_ONLY, true) };
         clones.push((b.clone(), clone_tree(Path::new(&b.source), attributes | noexec(b), recursive)?));
     }
+    // After the trees: the nodes' tmpfs covers /tmp, where a tree may lie.
+    let source = match devices {
+        Devices::OwnNodes => make_own_device_nodes().unwrap_or_else(|_| PathBuf::from("/dev")),
+        Devices::Hosts => PathBuf::from("/dev"),
+    };
     let mut devices = Vec::new();
     for name in DEVICES {
         // The five devices: the only mounts without nodev. Read-only mounts
         // (writing to a device on a read-only mount still works).
         let attributes = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC;
-        devices
-            .push((clone_tree(&Path::new("/dev").join(name), attributes, false)?, stage_path(&format!("/dev/{name}"))));
+        devices.push((clone_tree(&source.join(name), attributes, false)?, stage_path(&format!("/dev/{name}"))));
     }
     Ok(Clones { submounted: submounted(binds), binds: clones, devices })
+}
+
+/// Child side, at setup, as root in its own mount namespace: the five
+/// device nodes made anew on a small tmpfs of their own (without nodev: it
+/// belongs to the host's user namespace) at [`STAGE`], and that folder
+/// returned. The tmpfs stays below the scratch and the stage mounted there
+/// next, in the sandbox's namespace only (see [`hide_host_paths`]), and goes
+/// with the old root each run detaches. Nothing made is left on the host.
+fn make_own_device_nodes() -> rustix::io::Result<PathBuf> {
+    let dir = Path::new(STAGE);
+    let options = format!("size=4k,nr_inodes={},mode=0755", DEVICES.len() + 1);
+    mount_fs("tmpfs", dir, MountFlags::NOSUID | MountFlags::NOEXEC, &options)?;
+    for (name, minor) in DEVICES.iter().zip(DEVICE_MINORS) {
+        let path = dir.join(name);
+        let mode = Mode::from_raw_mode(0o666);
+        rustix::fs::mknodat(CWD, &path, FileType::CharacterDevice, mode, rustix::fs::makedev(1, minor))?;
+        // The umask took its share.
+        rustix::fs::chmod(&path, mode)?;
+    }
+    Ok(dir.to_path_buf())
 }
 
 /// A bind mount shows, in /proc/self/mountinfo, the path of its tree on the
