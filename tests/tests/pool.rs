@@ -1015,22 +1015,26 @@ fn helper_starts_of_a_pool(mode: PoolMode) -> (u64, String) {
     (made, starts)
 }
 
-/// A pool whose policy allows hosts serves its runs warm: each pooled
-/// sandbox makes its proxy's listener with the rest, and the proxy starts
-/// at the claim, so that it serves the run alone, from its release. The run
-/// reaches the allowed host through it and nothing else, and its record
-/// holds its own connections and no other run's. A forked pool's forks have
-/// no listener: its runs go cold, and say why. Before this, every run of
-/// such a pool went cold.
+/// A run that allows hosts is served warm, whatever the pool's own
+/// allowlist: each pooled sandbox makes its proxy's listener with the rest,
+/// and at the claim the proxy starts with the run's allowlist (the proxy's
+/// variables set then), so it serves the run alone, from its release; a run
+/// that allows none finds the listener closed and no variable, as a cold
+/// run. Each reaches its allowed host and nothing else, and its record holds
+/// its own connections and allowlist. A forked pool's forks have no
+/// listener: a run that allows hosts goes cold there, and says why. (Before,
+/// every run whose network was not the pool's went cold, and a pool whose
+/// policy allowed hosts never filled.)
 #[test]
-fn a_pool_with_allowed_hosts_serves_them_warm_through_a_proxy_started_at_the_claim() {
+fn runs_that_allow_hosts_are_served_warm_through_a_proxy_started_at_the_claim() {
     let _alone = exclusive();
-    let allowed = servers::Server::http();
-    let other = servers::Server::http();
-    let spec = PolicySpec { allow_hosts: Some(vec![format!("127.0.0.1:{}", allowed.port())]), ..Default::default() };
-    let policy = Policy::from_spec(&spec, &airlock::host_facts().unwrap()).unwrap();
+    let (first, second) = (servers::Server::http(), servers::Server::http());
+    let allowing = |server: &servers::Server| {
+        let spec = PolicySpec { allow_hosts: Some(vec![format!("127.0.0.1:{}", server.port())]), ..Default::default() };
+        Policy::from_spec(&spec, &airlock::host_facts().unwrap()).unwrap()
+    };
     let code = format!(
-        "import os, urllib.request, urllib.error\n\
+        "import os, socket, urllib.request, urllib.error\n\
          def fetch(url):\n\
          \x20   try:\n\
          \x20       with urllib.request.urlopen(url, timeout=10) as r:\n\
@@ -1038,47 +1042,56 @@ fn a_pool_with_allowed_hosts_serves_them_warm_through_a_proxy_started_at_the_cla
          \x20   except urllib.error.HTTPError as e:\n\
          \x20       return e.code, ''\n\
          \x20   except Exception as e:\n\
-         \x20       return type(e).__name__, str(e)[:80]\n\
-         print(os.environ['HTTP_PROXY'])\n\
-         print(fetch('http://127.0.0.1:{a}/warm'))\n\
-         print(fetch('http://127.0.0.1:{o}/'))",
-        a = allowed.port(),
-        o = other.port()
+         \x20       return type(e).__name__\n\
+         print(os.environ.get('HTTP_PROXY'))\n\
+         print(fetch('http://127.0.0.1:{a}/first'))\n\
+         print(fetch('http://127.0.0.1:{b}/second'))\n\
+         try:\n\
+         \x20   socket.create_connection(('127.0.0.1', 3128), timeout=5).close()\n\
+         \x20   print('3128 open')\n\
+         except OSError as e:\n\
+         \x20   print(type(e).__name__)",
+        a = first.port(),
+        b = second.port()
     );
+    let ask = |pool: &Pool, policy: &Policy| pool.run(policy, &[], &RunRequest::python(&code)).expect("a run");
+    let verdicts = |record: &RunRecord| -> Vec<NetworkVerdict> {
+        record.network.as_ref().map(|n| n.connections.iter().map(|c| c.verdict).collect()).unwrap_or_default()
+    };
+    let proxy = "http://127.0.0.1:3128";
+    let refused = "ConnectionRefusedError";
 
-    let pool = pool(policy.clone(), 1, &["json"]);
-    for round in 1..=2 {
-        assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", pool.stats());
-        let record = run(&pool, &code);
-        let out = pooled_ok(&record);
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines, ["http://127.0.0.1:3128", "(200, 'hello from /warm')", "(403, '')"], "round {round}");
-        let network = record.network.as_ref().expect("a network section");
-        let verdicts: Vec<NetworkVerdict> = network.connections.iter().map(|c| c.verdict).collect();
-        assert_eq!(verdicts, [NetworkVerdict::Allowed, NetworkVerdict::Denied], "round {round}: {network:?}");
-        assert_eq!(allowed.requests().len(), round, "round {round}");
-    }
-    assert_eq!(other.connections(), 0, "a host not allowed was dialled");
+    // A pool that allows no host: a run that allows the first, then one that allows none.
+    let pool = pool(Policy::default(), 1, &["json"]);
+    let record = ask(&pool, &allowing(&first));
+    let lines: Vec<&str> = pooled_ok(&record).lines().collect();
+    assert_eq!(lines, [proxy, "(200, 'hello from /first')", "(403, '')", "3128 open"]);
+    // The bare connection to the proxy, which sent no request, is in the record too.
+    assert_eq!(verdicts(&record), [NetworkVerdict::Allowed, NetworkVerdict::Denied, NetworkVerdict::Denied]);
+    let allowed = &record.network.as_ref().unwrap().allowed_hosts;
+    assert_eq!(allowed, &[format!("127.0.0.1:{}", first.port())], "the run's allowlist, not the pool's");
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", pool.stats());
+    let record = ask(&pool, &Policy::default());
+    let lines: Vec<&str> = pooled_ok(&record).lines().collect();
+    assert_eq!(lines, ["None", "URLError", "URLError", refused], "no network, no proxy, nothing listening");
+    assert!(record.network.is_none(), "{:?}", record.network);
     drop(pool);
 
-    let options = PoolOptions {
-        size: 1,
-        preload: vec!["json".to_owned()],
-        idle_expiry: Duration::from_secs(600),
-        memory_budget: None,
-        env_at_claim: Vec::new(),
-        mode: PoolMode::Forked,
-    };
-    let forked = Pool::with_backend(linux(), policy, data_image(), options, None);
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while forked.stats().refill_failures == 0 {
-        assert!(std::time::Instant::now() < deadline, "the template started: {:?}", forked.stats());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let record = run(&forked, &code);
+    // A pool that allows the first host: a run that allows the second.
+    let pool = pool_in(PoolMode::Pooled, allowing(&first), 1, &["json"]);
+    let record = ask(&pool, &allowing(&second));
+    let lines: Vec<&str> = pooled_ok(&record).lines().collect();
+    assert_eq!(lines, [proxy, "(403, '')", "(200, 'hello from /second')", "3128 open"]);
+    assert_eq!(verdicts(&record), [NetworkVerdict::Denied, NetworkVerdict::Allowed, NetworkVerdict::Denied]);
+    drop(pool);
+    assert_eq!((first.requests().len(), second.requests().len()), (1, 1), "a host not allowed was dialled");
+
+    // A forked pool: a run that allows hosts goes cold.
+    let forked = pool_in(PoolMode::Forked, Policy::default(), 1, &["json"]);
+    let record = ask(&forked, &allowing(&first));
     assert_eq!(record.status, Status::Ok, "{:?}", record.message);
     assert_eq!(record.usage.start, Some(RunStart::Cold));
-    assert!(record.stdout.contains("(200, 'hello from /warm')"), "{}", record.stdout);
+    assert!(record.stdout.contains("(200, 'hello from /first')"), "{}", record.stdout);
     let why = &record.isolation.details["pool"];
     assert!(why.contains("no proxy listener"), "{why}");
 }

@@ -173,6 +173,11 @@ pub struct Claim {
     /// code's first byte, where the run's environment differs from the
     /// warm sandbox's in names its pool lets a claim set.
     pub env: Vec<(String, Option<String>)>,
+    /// The run's network: where it allows hosts, the warm sandbox starts
+    /// its proxy for them at the release (the proxy's variables set then
+    /// too), or the claim is [`Claimed::Unsuited`]; where it allows none,
+    /// the sandbox has no proxy.
+    pub network: airlock_policy::NetworkPolicy,
     pub kill: KillSwitch,
     /// When the run was asked for.
     pub requested_at: std::time::Instant,

@@ -286,6 +286,10 @@ impl WarmRun for ForkedRunner {
         Ok(())
     }
 
+    fn refuses_network(&self) -> Option<&'static str> {
+        Some("it allows hosts, and a fork has no proxy listener (a pool in the pooled mode serves it warm)")
+    }
+
     fn into_instance(self: Box<Self>) -> Box<dyn Instance> {
         let root = self.root.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         Box::new(ForkedInstance { template: self.template, root })

@@ -210,10 +210,12 @@ impl LinuxInstance {
             Mode::Warm(_) | Mode::Cold => None,
         };
         let network = self.policy.network.is_enabled();
+        let warm = matches!(mode, Mode::Warm(_));
         let mut env = self.runtime.environment(&self.policy);
-        if network {
+        if network && !warm {
             // The proxy is the only way out; clients find it here. Set only
-            // when hosts are allowed, so code without network sees none.
+            // when hosts are allowed, so code without network sees none (a
+            // warm run's are set at its claim, as its proxy starts then).
             for (key, value) in airlock_net::proxy_environment(std::net::SocketAddr::V4(crate::PROXY_ADDR)) {
                 env.insert(key.to_owned(), value);
             }
@@ -249,7 +251,9 @@ impl LinuxInstance {
             report_fifo: program.reports,
             ready_fifo: program.announces,
             code_fifo: program.fed,
-            proxy_listener: network && !template,
+            // Every warm sandbox makes one: whether its run allows hosts,
+            // and which, is the claim's to say.
+            proxy_listener: (network && !template) || warm,
             // The proxy must serve before the code's first byte: a cold
             // run's code waits for it; a warm run's imports its preload
             // meanwhile, and its proxy starts at the claim (`supervise`).
@@ -293,8 +297,8 @@ impl LinuxInstance {
         // The proxy starts on the listener the sandbox made inside its own
         // namespace, before the code is released; it serves until the run is over.
         let mut proxy: Option<Result<airlock_net::ProxyHandle, airlock_net::NetError>> = None;
-        let mut start_proxy = |listener: OwnedFd| {
-            let config = airlock_net::ProxyConfig::from_policy(&self.policy.network);
+        let mut start_proxy = |listener: OwnedFd, network: Option<&airlock_policy::NetworkPolicy>| {
+            let config = airlock_net::ProxyConfig::from_policy(network.unwrap_or(&self.policy.network));
             let started = airlock_net::Proxy::start(std::net::TcpListener::from(listener), config);
             let ok = started.is_ok();
             proxy = Some(started);
@@ -334,7 +338,9 @@ impl LinuxInstance {
                 failures.push(format!("the network proxy failed: {e}"));
                 None
             }
-            None if network => {
+            // A warm run's proxy is its claim's to ask for (and a listener
+            // missing then stopped it before its code).
+            None if network && !warm => {
                 failures.push("the sandbox did not hand over its proxy socket".to_owned());
                 None
             }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use airlock_core::KillSwitch;
 use airlock_core::output::Captured;
-use airlock_policy::{Layer, Limit, OutputOverflow};
+use airlock_policy::{Layer, Limit, NetworkPolicy, OutputOverflow};
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use rustix::pipe::{PipeFlags, pipe_with};
@@ -137,6 +137,10 @@ pub struct Lowered {
 pub struct Release {
     /// The bytes for the code FIFO (`driver::feed`).
     pub feed: Vec<u8>,
+    /// The run's network: its proxy starts at the release where it allows
+    /// hosts; otherwise the sandbox's listener is closed, and nothing
+    /// listens where the proxy would.
+    pub network: NetworkPolicy,
     pub stdin: Vec<u8>,
     pub wall_time: Duration,
     pub cpu_time: Duration,
@@ -201,9 +205,10 @@ pub struct SandboxFds<'a> {
 }
 
 /// Called once the sandbox is ready, with the proxy's listening socket when
-/// the plan asked for one; returns whether the proxy started (if not, the
-/// code is not released).
-pub type ProxyStart<'a> = dyn FnMut(OwnedFd) -> bool + 'a;
+/// the plan asked for one, and the network to serve: the sandbox's own
+/// (`None`), or a warm run's claim's; returns whether the proxy started (if
+/// not, the code is not released).
+pub type ProxyStart<'a> = dyn FnMut(OwnedFd, Option<&NetworkPolicy>) -> bool + 'a;
 
 /// Starts the helper with a socket to it on its standard input. A fresh
 /// exec: the supervisor may be multi-threaded, so nothing is set up in its
@@ -284,7 +289,7 @@ pub(crate) fn run_forked(
     watch: &Watch<'_>,
     gate: &mut Gate<'_>,
 ) -> io::Result<(Observed, Option<crate::forked::ForkRoot>)> {
-    let mut no_proxy = |_: OwnedFd| false;
+    let mut no_proxy = |_: OwnedFd, _: Option<&NetworkPolicy>| false;
     let mut run = Run::start_forked(template, plan, cgroup, watch, &mut no_proxy)?;
     run.gate = Some(gate);
     while !(run.helper_done || run.ended_at.is_some()) {
@@ -790,11 +795,14 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             self.kill(KillReason::Requested);
             return;
         };
-        // The proxy serves from the release on, before the code's first
-        // byte: a connection the preload began meanwhile waited in the
-        // listener's queue, and is served as the run's, in its record.
+        // The proxy serves from the release on, with the claim's allowlist,
+        // before the code's first byte: a connection the preload began
+        // meanwhile waited in the listener's queue, and is served as the
+        // run's, in its record. A run that allows no host gets no proxy:
+        // the listener closed, its queue refused.
         if let Some(listener) = self.proxy_listener.take()
-            && !(self.on_proxy)(listener)
+            && release.network.is_enabled()
+            && !(self.on_proxy)(listener, Some(&release.network))
         {
             self.kill(KillReason::ProxyFailed);
             return;
@@ -947,7 +955,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             match fds.next() {
                 Some(listener) if self.gate.is_some() => self.proxy_listener = Some(listener),
                 Some(listener) => {
-                    if !(self.on_proxy)(listener) {
+                    if !(self.on_proxy)(listener, None) {
                         self.kill(KillReason::ProxyFailed);
                     }
                 }

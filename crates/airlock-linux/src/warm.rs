@@ -67,6 +67,11 @@ pub(crate) trait WarmRun: Send + 'static {
     fn prepare(&self, _waiting: &Waiting<'_>) -> Result<(), SandboxError> {
         Ok(())
     }
+    /// Why a run that allows hosts cannot be served here, if it cannot: a
+    /// sandbox started warm holds its proxy's listener for the claim.
+    fn refuses_network(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl WarmRun for LinuxInstance {
@@ -203,6 +208,10 @@ fn hold(
                 let _ = reply.send(Claimed::Stale("its interpreter ended while it waited".to_owned()));
                 return None;
             }
+            if let Some(why) = instance.refuses_network().filter(|_| claim.network.is_enabled()) {
+                let _ = reply.send(Claimed::Unsuited(why.to_owned()));
+                return None;
+            }
             // Before the first byte of the code: what it holds then is the
             // preload's, and nothing of the run's can grow meanwhile.
             if let Err(why) = waiting.lower_limits(claim.memory_bytes, claim.pids) {
@@ -219,9 +228,18 @@ fn hold(
                     }
                 }
             }
+            let mut env = claim.env;
+            if claim.network.is_enabled() {
+                // Its proxy starts at the release: clients find it here.
+                let proxy = std::net::SocketAddr::V4(crate::PROXY_ADDR);
+                env.extend(
+                    airlock_net::proxy_environment(proxy).into_iter().map(|(key, value)| (key.to_owned(), Some(value))),
+                );
+            }
             claimed = Some((reply, waited));
             Some(Release {
-                feed: driver::feed(&claim.job, &claim.env),
+                feed: driver::feed(&claim.job, &env),
+                network: claim.network,
                 stdin: claim.job.stdin,
                 wall_time: claim.wall_time,
                 cpu_time: claim.cpu_time,

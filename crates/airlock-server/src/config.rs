@@ -56,8 +56,10 @@
 //!
 //! A pooled run answers without paying for its interpreter and imports;
 //! only a run with the defaults' policy (its own files, code, input, a
-//! lower timeout, CPU time, memory or process limit, and the variables
-//! `env_at_claim` lists) can take a ready sandbox, any other runs cold (see
+//! lower timeout, CPU time, memory or process limit, the variables
+//! `env_at_claim` lists, and its own allowed hosts, whose proxy starts at
+//! the claim; in the forked mode, none) can take a ready sandbox, any other
+//! runs cold (see
 //! `airlock::pool`).
 //!
 //! A field left out of `[ceiling]` keeps the library's default as its

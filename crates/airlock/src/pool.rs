@@ -39,11 +39,13 @@
 //! than the new limit then; otherwise the run goes cold), and the
 //! variables of the environment the operator lists in
 //! [`PoolOptions::env_at_claim`] (set by the driver after the claim, before
-//! the code's first byte). Everything else in force since the sandbox
-//! started (the rest of the environment, CPUs, disk, output and file caps,
-//! the network, the image) must be the pool's, or the run goes cold. A
-//! pool whose policy allows hosts is served warm in the pooled mode: the
-//! proxy, with the pool's allowlist, starts at each run's release.
+//! the code's first byte), and the network: a ready sandbox holds its
+//! proxy's listener, and at the release starts the proxy with the run's
+//! allowlist (and sets the proxy's variables), or closes the listener for a
+//! run that allows no host (a forked pool's forks have no listener: a run
+//! that allows hosts goes cold there). Everything else in force since the
+//! sandbox started (the rest of the environment, CPUs, disk, output and
+//! file caps, the image) must be the pool's, or the run goes cold.
 //!
 //! The environment is allowed by name, never guessed: the interpreter reads
 //! some variables at its start, the preload's imports read others, and C
@@ -720,6 +722,7 @@ impl Instance for PooledInstance {
                         memory_bytes: lowered.memory_bytes,
                         pids: lowered.pids,
                         env: lowered.env,
+                        network: self.policy.network.clone(),
                         kill: kill.clone(),
                         requested_at,
                     };
@@ -801,8 +804,9 @@ impl Shared {
             );
         }
         let pool = &self.policy;
+        // The network is the claim's: a ready sandbox starts its proxy, with
+        // the run's allowlist, at the release (or says it cannot).
         let differs = [
-            ("network", policy.network != pool.network),
             ("backend", policy.backend != pool.backend),
             ("allow_degraded", policy.allow_degraded != pool.allow_degraded),
         ];
