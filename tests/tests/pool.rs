@@ -552,6 +552,20 @@ fn killed_at_its_memory_limit_and_its_own_clocks(mode: PoolMode) {
     assert_eq!(record.usage.start, Some(start_of(mode)));
     assert_eq!(record.status, Status::Timeout, "{:?}", record.message);
     assert!(record.usage.wall_ms < 10_000, "{} ms", record.usage.wall_ms);
+    // The record judges the run by the claim's clocks, not the pool's
+    // (before, it said "the wall-time limit of 20 s" here).
+    let message = record.message.as_deref().unwrap_or_default();
+    assert!(message.contains("wall-time limit of 2 s"), "{message}");
+    // A lower CPU time likewise.
+    pool.wait_ready(1, Duration::from_secs(120));
+    let mut limits = pool.policy().limits.clone();
+    limits.cpu_time = Duration::from_secs(1);
+    let request = RunRequest { limits: Some(limits), ..RunRequest::python("while True:\n    pass") };
+    let record = pool.run(pool.policy(), &[], &request).unwrap();
+    assert_eq!(record.usage.start, Some(start_of(mode)));
+    assert_eq!(record.status, Status::CpuLimit, "{:?}", record.message);
+    let message = record.message.as_deref().unwrap_or_default();
+    assert!(message.contains("CPU-time limit of 1 s"), "{message}");
     // Processes: a fork bomb stops at the pids limit, and the run ends.
     pool.wait_ready(1, Duration::from_secs(120));
     let bomb = "import os, time\nfor _ in range(10000):\n    try:\n        os.fork() or time.sleep(30)\n    except OSError:\n        break\nprint('stopped')";

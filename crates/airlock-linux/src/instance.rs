@@ -467,10 +467,14 @@ impl LinuxInstance {
             }
             outcome.record
         });
-        // The limits in force for the code: a warm run's claim may have lowered two.
+        // The limits in force for the code: a warm run's claim sets its
+        // clocks, and may have lowered two more.
         let mut limits = self.policy.limits.clone();
-        limits.memory_bytes = observed.lowered.memory_bytes.unwrap_or(limits.memory_bytes);
-        limits.pids = observed.lowered.pids.unwrap_or(limits.pids);
+        let lowered = observed.lowered;
+        limits.memory_bytes = lowered.memory_bytes.unwrap_or(limits.memory_bytes);
+        limits.pids = lowered.pids.unwrap_or(limits.pids);
+        limits.wall_time = lowered.wall_time.unwrap_or(limits.wall_time);
+        limits.cpu_time = lowered.cpu_time.unwrap_or(limits.cpu_time);
         let verdict = outcome::classify(&seen, &limits);
 
         let mut layers = observed.layers;

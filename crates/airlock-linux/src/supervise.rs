@@ -124,11 +124,15 @@ pub struct LimitHits {
     pub processes: u64,
 }
 
-/// The limits a claim lowered, `None` where it kept the sandbox's.
+/// The limits a claim set, `None` where it kept the sandbox's: its memory
+/// and process limits where it lowered them, its wall and CPU time (at
+/// most the sandbox's) always.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Lowered {
     pub memory_bytes: Option<u64>,
     pub pids: Option<u32>,
+    pub wall_time: Option<Duration>,
+    pub cpu_time: Option<Duration>,
 }
 
 /// What a claim gives a warm run (its driver blocked on the code FIFO,
@@ -187,7 +191,7 @@ impl Waiting<'_> {
         }
         let cgroup = self.cgroup.ok_or("it has no cgroup whose limits could be lowered")?;
         cgroup.lower_limits(memory_bytes, pids.map(|p| p + crate::cgroup::AIRLOCK_PROCESSES))?;
-        self.lowered.set(Lowered { memory_bytes, pids });
+        self.lowered.set(Lowered { memory_bytes, pids, ..Lowered::default() });
         Ok(())
     }
 }
@@ -795,6 +799,16 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             self.kill(KillReason::Requested);
             return;
         };
+        // From here the run is the claim's, whatever happens next: its
+        // clocks and limits (what the record judges it by), its switch, the
+        // preload's CPU time set apart.
+        self.wall_time = release.wall_time;
+        self.cpu_time = release.cpu_time;
+        self.observed.lowered.wall_time = Some(release.wall_time);
+        self.observed.lowered.cpu_time = Some(release.cpu_time);
+        self.kill = release.kill;
+        self.requested_at = release.requested_at;
+        self.observed.cpu_before_release = Some(self.cgroup.and_then(|c| c.cpu_usage()).unwrap_or_default());
         // The proxy serves from the release on, with the claim's allowlist,
         // before the code's first byte: a connection the preload began
         // meanwhile waited in the listener's queue, and is served as the
@@ -808,11 +822,6 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             return;
         }
         let now = Instant::now();
-        self.wall_time = release.wall_time;
-        self.cpu_time = release.cpu_time;
-        self.kill = release.kill;
-        self.requested_at = release.requested_at;
-        self.observed.cpu_before_release = Some(self.cgroup.and_then(|c| c.cpu_usage()).unwrap_or_default());
         self.stdin = self.stdin_held.take().map(|fd| Feed { fd, bytes: release.stdin, written: 0 });
         // Our end stays open until the run is over: a FIFO whose every end
         // is closed drops what it holds, and the driver may not have opened
