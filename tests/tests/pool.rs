@@ -1036,7 +1036,8 @@ fn helper_starts_of_a_pool(mode: PoolMode) -> (u64, String) {
 /// that allows none finds the listener closed and no variable, as a cold
 /// run. Each reaches its allowed host and nothing else, and its record holds
 /// its own connections and allowlist. A forked pool's forks have no
-/// listener: a run that allows hosts goes cold there, and says why. (Before,
+/// listener: a run that allows hosts goes cold there, and says why, and one
+/// that allows none is forked whatever the pool's policy allows. (Before,
 /// every run whose network was not the pool's went cold, and a pool whose
 /// policy allowed hosts never filled.)
 #[test]
@@ -1100,8 +1101,14 @@ fn runs_that_allow_hosts_are_served_warm_through_a_proxy_started_at_the_claim() 
     drop(pool);
     assert_eq!((first.requests().len(), second.requests().len()), (1, 1), "a host not allowed was dialled");
 
-    // A forked pool: a run that allows hosts goes cold.
-    let forked = pool_in(PoolMode::Forked, Policy::default(), 1, &["json"]);
+    // A forked pool, whose own policy allows the first host: a run that
+    // allows none is forked (its template makes no listener), a run that
+    // allows hosts goes cold. (Before, such a template refused to start.)
+    let forked = pool_in(PoolMode::Forked, allowing(&first), 1, &["json"]);
+    let record = ask(&forked, &Policy::default());
+    let lines: Vec<&str> = served_ok(&record, PoolMode::Forked).lines().collect();
+    assert_eq!(lines, ["None", "URLError", "URLError", refused], "no network, no proxy, nothing listening");
+    assert!(forked.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", forked.stats());
     let record = ask(&forked, &allowing(&first));
     assert_eq!(record.status, Status::Ok, "{:?}", record.message);
     assert_eq!(record.usage.start, Some(RunStart::Cold));

@@ -120,11 +120,6 @@ impl LinuxTemplate {
         if instance.cgroups.is_none() {
             return Err(refuse("a fork's processes are moved into the run's cgroup, and this host gives none"));
         }
-        if instance.policy.network.is_enabled() {
-            return Err(refuse(
-                "a fork has no proxy listener: a run with allowed hosts runs cold (a pool in the pooled mode serves it warm)",
-            ));
-        }
         if !instance.degraded.is_empty() {
             return Err(refuse(
                 "a fork must put every layer of the policy in force; a degraded policy runs pooled or cold",

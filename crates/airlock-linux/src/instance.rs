@@ -212,10 +212,12 @@ impl LinuxInstance {
         let network = self.policy.network.is_enabled();
         let warm = matches!(mode, Mode::Warm(_));
         let mut env = self.runtime.environment(&self.policy);
-        if network && !warm {
+        if network && matches!(mode, Mode::Cold) {
             // The proxy is the only way out; clients find it here. Set only
             // when hosts are allowed, so code without network sees none (a
-            // warm run's are set at its claim, as its proxy starts then).
+            // warm run's are set at its claim, as its proxy starts then; a
+            // template's forks never have one: their claims that allow
+            // hosts run cold).
             for (key, value) in airlock_net::proxy_environment(std::net::SocketAddr::V4(crate::PROXY_ADDR)) {
                 env.insert(key.to_owned(), value);
             }
