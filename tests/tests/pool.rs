@@ -533,6 +533,16 @@ fn a_forked_run_is_killed_at_its_memory_limit_and_its_own_clocks() {
     killed_at_its_memory_limit_and_its_own_clocks(PoolMode::Forked);
 }
 
+/// Once the pool is full again, a run of `code` with the pool's limits as
+/// `change` leaves them.
+fn run_with_limits(pool: &Pool, change: impl FnOnce(&mut airlock::Limits), code: &str) -> RunRecord {
+    assert!(pool.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", pool.stats());
+    let mut limits = pool.policy().limits.clone();
+    change(&mut limits);
+    let request = RunRequest { limits: Some(limits), ..RunRequest::python(code) };
+    pool.run(pool.policy(), &[], &request).unwrap()
+}
+
 fn killed_at_its_memory_limit_and_its_own_clocks(mode: PoolMode) {
     let _alone = exclusive();
     let mut policy = Policy::default();
@@ -544,11 +554,7 @@ fn killed_at_its_memory_limit_and_its_own_clocks(mode: PoolMode) {
     assert!(!record.stdout.contains("survived"));
 
     // A lower wall time for one run holds from the release.
-    pool.wait_ready(1, Duration::from_secs(120));
-    let mut limits = pool.policy().limits.clone();
-    limits.wall_time = Duration::from_secs(2);
-    let request = RunRequest { limits: Some(limits), ..RunRequest::python("import time\ntime.sleep(30)") };
-    let record = pool.run(pool.policy(), &[], &request).unwrap();
+    let record = run_with_limits(&pool, |l| l.wall_time = Duration::from_secs(2), "import time\ntime.sleep(30)");
     assert_eq!(record.usage.start, Some(start_of(mode)));
     assert_eq!(record.status, Status::Timeout, "{:?}", record.message);
     assert!(record.usage.wall_ms < 10_000, "{} ms", record.usage.wall_ms);
@@ -557,11 +563,7 @@ fn killed_at_its_memory_limit_and_its_own_clocks(mode: PoolMode) {
     let message = record.message.as_deref().unwrap_or_default();
     assert!(message.contains("wall-time limit of 2 s"), "{message}");
     // A lower CPU time likewise.
-    pool.wait_ready(1, Duration::from_secs(120));
-    let mut limits = pool.policy().limits.clone();
-    limits.cpu_time = Duration::from_secs(1);
-    let request = RunRequest { limits: Some(limits), ..RunRequest::python("while True:\n    pass") };
-    let record = pool.run(pool.policy(), &[], &request).unwrap();
+    let record = run_with_limits(&pool, |l| l.cpu_time = Duration::from_secs(1), "while True:\n    pass");
     assert_eq!(record.usage.start, Some(start_of(mode)));
     assert_eq!(record.status, Status::CpuLimit, "{:?}", record.message);
     let message = record.message.as_deref().unwrap_or_default();

@@ -209,10 +209,12 @@ impl LinuxInstance {
             Mode::Warm(_) if huge_pages => self.native.memfd(&self.helper).ok(),
             Mode::Warm(_) | Mode::Cold => None,
         };
-        let network = self.policy.network.is_enabled();
+        // A cold run that allows hosts gets its proxy as it starts; a warm
+        // run's is its claim's; a template's forks never have one.
+        let cold_proxy = self.policy.network.is_enabled() && matches!(mode, Mode::Cold);
         let warm = matches!(mode, Mode::Warm(_));
         let mut env = self.runtime.environment(&self.policy);
-        if network && matches!(mode, Mode::Cold) {
+        if cold_proxy {
             // The proxy is the only way out; clients find it here. Set only
             // when hosts are allowed, so code without network sees none (a
             // warm run's are set at its claim, as its proxy starts then; a
@@ -255,11 +257,11 @@ impl LinuxInstance {
             code_fifo: program.fed,
             // Every warm sandbox makes one: whether its run allows hosts,
             // and which, is the claim's to say.
-            proxy_listener: (network && !template) || warm,
+            proxy_listener: cold_proxy || warm,
             // The proxy must serve before the code's first byte: a cold
             // run's code waits for it; a warm run's imports its preload
             // meanwhile, and its proxy starts at the claim (`supervise`).
-            hold_for_release: network && matches!(mode, Mode::Cold),
+            hold_for_release: cold_proxy,
             argv: program.argv,
             env,
             cwd: job.cwd.as_ref().map_or_else(|| "/work".to_owned(), ToString::to_string),
@@ -342,7 +344,7 @@ impl LinuxInstance {
             }
             // A warm run's proxy is its claim's to ask for (and a listener
             // missing then stopped it before its code).
-            None if network && !warm => {
+            None if cold_proxy => {
                 failures.push("the sandbox did not hand over its proxy socket".to_owned());
                 None
             }

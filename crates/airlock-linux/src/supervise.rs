@@ -814,12 +814,15 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         // meanwhile waited in the listener's queue, and is served as the
         // run's, in its record. A run that allows no host gets no proxy:
         // the listener closed, its queue refused.
-        if let Some(listener) = self.proxy_listener.take()
-            && release.network.is_enabled()
-            && !(self.on_proxy)(listener, Some(&release.network))
-        {
-            self.kill(KillReason::ProxyFailed);
-            return;
+        let listener = self.proxy_listener.take();
+        if release.network.is_enabled() {
+            // No listener to serve counts as a proxy that did not start.
+            if !listener.is_some_and(|listener| (self.on_proxy)(listener, Some(&release.network))) {
+                self.kill(KillReason::ProxyFailed);
+                return;
+            }
+        } else {
+            drop(listener);
         }
         let now = Instant::now();
         self.stdin = self.stdin_held.take().map(|fd| Feed { fd, bytes: release.stdin, written: 0 });
