@@ -308,10 +308,22 @@ impl LinuxInstance {
             proxy = Some(started);
             ok
         };
-        self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain_mut(|e| !e.try_reap());
+        let reap_ending =
+            || self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain_mut(|e| !e.try_reap());
+        reap_ending();
+        // A warm run waits in its gate for as long as its pool keeps it: the
+        // sandbox's setup helper, which exited while the preload imported,
+        // is reaped before the wait, not left a zombie through it.
+        let mut reaping_gate;
         let (gate, stdin) = match mode {
             Mode::Cold => (None, None),
-            Mode::Warm(warm) => (Some(warm.gate), None),
+            Mode::Warm(warm) => {
+                reaping_gate = move |waiting: &supervise::Waiting<'_>| {
+                    reap_ending();
+                    (warm.gate)(waiting)
+                };
+                (Some(&mut reaping_gate as &mut supervise::Gate<'_>), None)
+            }
             Mode::Template { control, cgroup_made, .. } => {
                 cgroup_made(cgroup.as_ref().map(|c| c.memory_usage_file()));
                 (None, Some(control))
