@@ -351,6 +351,8 @@ impl LinuxInstance {
         conn: &TemplateConn,
         gate: &mut Gate<'_>,
     ) -> Result<(Execution, Option<ForkRoot>), SandboxError> {
+        // The template's setup helper, if it exited after the template began.
+        self.reap_ending();
         let limits = &self.policy.limits;
         let hierarchy = self.cgroups.as_ref().ok_or_else(|| SandboxError::Setup {
             step: "create the run's cgroup".to_owned(),

@@ -186,6 +186,13 @@ impl LinuxInstance {
         }
     }
 
+    /// Reaps the helpers set aside as ending that have exited since: a
+    /// helper's exit is not waited for, but nor is it left a zombie while
+    /// the sandbox stands (a template's for its pool's expiry).
+    pub(crate) fn reap_ending(&self) {
+        self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain_mut(|e| !e.try_reap());
+    }
+
     /// Runs `job` as `mode` says (warm or a template: the job then only
     /// gives the language).
     pub(crate) fn run_as(&self, job: &Job, kill: &KillSwitch, mode: Mode<'_, '_>) -> Result<Execution, SandboxError> {
@@ -308,9 +315,7 @@ impl LinuxInstance {
             proxy = Some(started);
             ok
         };
-        let reap_ending =
-            || self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain_mut(|e| !e.try_reap());
-        reap_ending();
+        self.reap_ending();
         // A warm run waits in its gate for as long as its pool keeps it: the
         // sandbox's setup helper, which exited while the preload imported,
         // is reaped before the wait, not left a zombie through it.
@@ -318,8 +323,8 @@ impl LinuxInstance {
         let (gate, stdin) = match mode {
             Mode::Cold => (None, None),
             Mode::Warm(warm) => {
-                reaping_gate = move |waiting: &supervise::Waiting<'_>| {
-                    reap_ending();
+                reaping_gate = |waiting: &supervise::Waiting<'_>| {
+                    self.reap_ending();
                     (warm.gate)(waiting)
                 };
                 (Some(&mut reaping_gate as &mut supervise::Gate<'_>), None)
