@@ -23,7 +23,7 @@ use crate::config::{ProxyConfig, Refusal};
 use crate::error::NetError;
 use crate::host::{HostError, RequestHost, parse_absolute_url, parse_authority, parse_host, split_port};
 use crate::http::{BodyFraming, MAX_HEAD_BYTES, RequestHead, read_head, split_head};
-use crate::tls::{HelloScan, MAX_CLIENT_HELLO, scan_client_hello};
+use crate::tls::{HelloScan, MAX_CLIENT_HELLO, answers_tls, scan_client_hello};
 
 /// Bytes moved per read while relaying. Larger buffers measured no faster on
 /// loopback (and neither did splice(2); see bench/results/net.md).
@@ -506,10 +506,12 @@ fn serve(run: &Run, connection: &Connection, client: &TcpStream) {
 /// plaintext is allowed ([`plaintext_allowed`]), HTTP for that host: without
 /// that check, a tunnel to an allowed host:port could carry requests for any
 /// other site the server behind it answers for (a shared front end, a
-/// forward proxy) in plain text. So the first bytes must be a TLS
-/// ClientHello whose server name is the CONNECT host, or HTTP/1 requests
-/// each of which names it; anything else is refused, the tunnel closed, and
-/// the connection recorded as refused with the reason.
+/// forward proxy) in plain text, or any other protocol the server speaks.
+/// So the first bytes must be a TLS ClientHello whose server name is the
+/// CONNECT host, which the server must answer with TLS before anything else
+/// passes either way, or one HTTP/1 request that names it; anything else is
+/// refused, the tunnel closed, and the connection recorded as refused with
+/// the reason.
 fn tunnel(
     run: &Run,
     connection: &Connection,
@@ -534,22 +536,94 @@ fn tunnel(
     run.track(connection.id, &upstream)?;
     let mut reply = client;
     reply.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").map_err(|_| Stop::Ended)?;
-    relay_both(run, connection, client, &upstream, || match tunnel_opening(run, client, early, &host, port) {
-        Ok(Opening::Tls(first)) => match forward_bytes(run, connection, &upstream, &first, Direction::Out) {
-            Ok(()) => relay(run, connection, client, &upstream, Direction::Out, None),
-            Err(end) => end,
-        },
-        Ok(Opening::Http(first)) => relay_http_requests(run, connection, client, &upstream, first, &host, port),
+    // Both protocols a tunnel may carry begin with the client: until it has
+    // spoken, nothing passes, and a server that speaks first is refused.
+    let refused = |reason: String| {
+        connection.deny(&reason);
+        shutdown_both(client, &upstream);
+        Ok(())
+    };
+    match tunnel_opening(run, client, &upstream, early, &host, port) {
+        Ok(Opening::Tls { data, hello }) => {
+            if let Err((end, direction)) = tls_answered(run, connection, client, &upstream, &data[..hello], &host, port)
+            {
+                end_direction(run, connection, end, client, &upstream, direction);
+                return Ok(());
+            }
+            relay_both(run, connection, client, &upstream, || {
+                match forward_bytes(run, connection, &upstream, &data[hello..], Direction::Out) {
+                    Ok(()) => relay(run, connection, client, &upstream, Direction::Out, None),
+                    Err(end) => end,
+                }
+            })
+        }
+        Ok(Opening::Http(first)) => {
+            relay_both(run, connection, client, &upstream, || {
+                relay_http_request(run, connection, client, &upstream, first, &host, port)
+            })?;
+            // As after a forwarded request: let the client read the answer.
+            linger(client);
+            Ok(())
+        }
         // The client closed before sending anything through the tunnel.
-        Ok(Opening::Closed) => RelayEnd::Eof,
-        Err(reason) => RelayEnd::Refused(reason),
-    })
+        Ok(Opening::Closed) => relay_both(run, connection, client, &upstream, || RelayEnd::Eof),
+        Err(reason) => refused(reason),
+    }
+}
+
+/// Passes the ClientHello (`hello`, its records alone) to the server, and
+/// its answer back to the client, once that answer begins as a TLS server's
+/// does ([`answers_tls`]). Until then nothing else passes: the bytes the
+/// client sent after its ClientHello wait, and a server of another protocol
+/// (a line-based one on an allowed port, which would read past the hello's
+/// bytes as junk) never gets them, nor sends the client a byte. The
+/// ClientHello's own bytes do reach it: they are what the proxy checked.
+/// Returns how it ended otherwise, and in which direction.
+fn tls_answered(
+    run: &Run,
+    connection: &Connection,
+    client: &TcpStream,
+    upstream: &TcpStream,
+    hello: &[u8],
+    host: &RequestHost,
+    port: u16,
+) -> Result<(), (RelayEnd, Direction)> {
+    forward_bytes(run, connection, upstream, hello, Direction::Out).map_err(|end| (end, Direction::Out))?;
+    let refused = |reason: String| (RelayEnd::Refused(reason), Direction::In);
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let mut reader = upstream;
+    let deadline = Some(Instant::now() + run.config.head_timeout);
+    while answer.len() < 5 {
+        match read_some(upstream, &mut reader, &mut chunk, deadline) {
+            // The run ending closes every tunnel: not the server's doing.
+            Ok(0) if run.stopping.load(Ordering::SeqCst) => return Err((RelayEnd::Eof, Direction::In)),
+            Ok(0) if answer.is_empty() => {
+                return Err(refused(format!("{host}:{port} closed the tunnel at the TLS ClientHello")));
+            }
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(refused(format!("{host}:{port} did not answer the TLS ClientHello in time")));
+            }
+            Err(e) => return Err((RelayEnd::Error(e), Direction::In)),
+        }
+    }
+    if !answers_tls(&answer) {
+        let shown = String::from_utf8_lossy(&answer[..answer.len().min(16)]).into_owned();
+        return Err(refused(format!(
+            "{host}:{port} did not answer the TLS ClientHello with TLS (it began {shown:?}): a tunnel carries TLS, \
+             or on a port that allows plaintext one HTTP request, and no other protocol"
+        )));
+    }
+    forward_bytes(run, connection, client, &answer, Direction::In).map_err(|end| (end, Direction::In))
 }
 
 /// How a tunnel begins.
 enum Opening {
-    /// A whole ClientHello for the tunnel's host: the bytes read so far.
-    Tls(Vec<u8>),
+    /// A whole ClientHello for the tunnel's host: the bytes read so far,
+    /// the first `hello` of them its records.
+    Tls { data: Vec<u8>, hello: usize },
     /// Not TLS, on a port that allows plaintext: the bytes read so far, to be
     /// read as HTTP requests.
     Http(Vec<u8>),
@@ -571,13 +645,27 @@ pub fn plaintext_allowed(port: u16) -> bool {
 fn tunnel_opening(
     run: &Run,
     client: &TcpStream,
+    upstream: &TcpStream,
     mut data: Vec<u8>,
     host: &RequestHost,
     port: u16,
 ) -> Result<Opening, String> {
     let mut reader = client;
-    // The first byte may take as long as the client likes (a protocol where
-    // the server speaks first); a ClientHello, once begun, must be quick.
+    // The first byte may take as long as the client likes, unless the
+    // server speaks first; a ClientHello, once begun, must be quick.
+    if data.is_empty() {
+        match client_speaks_first(client, upstream) {
+            _ if run.stopping.load(Ordering::SeqCst) => return Ok(Opening::Closed),
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "{host}:{port} spoke (or closed) before the client did: a tunnel carries TLS or HTTP, whose \
+                     client speaks first"
+                ));
+            }
+            Err(e) => return Err(format!("waiting for the tunnel's first bytes: {e}")),
+        }
+    }
     let mut deadline = None;
     let mut chunk = [0u8; 16 * 1024];
     loop {
@@ -590,15 +678,15 @@ fn tunnel_opening(
             }
             // An IP literal is never a server name (RFC 6066): a client
             // tunnelling to an address sends none.
-            HelloScan::Hello { server_name: None } if matches!(host, RequestHost::Ip(_)) => {
-                return Ok(Opening::Tls(data));
+            HelloScan::Hello { server_name: None, length } if matches!(host, RequestHost::Ip(_)) => {
+                return Ok(Opening::Tls { data, hello: length });
             }
-            HelloScan::Hello { server_name: None } => {
+            HelloScan::Hello { server_name: None, .. } => {
                 return Err(format!("the TLS ClientHello names no server, and the tunnel is for {host} only"));
             }
-            HelloScan::Hello { server_name: Some(name) } => {
+            HelloScan::Hello { server_name: Some(name), length } => {
                 if parse_host(&name).as_ref() == Ok(host) {
-                    return Ok(Opening::Tls(data));
+                    return Ok(Opening::Tls { data, hello: length });
                 }
                 return Err(format!("the TLS server name {name:?} differs from the CONNECT host {host}"));
             }
@@ -623,8 +711,23 @@ fn tunnel_opening(
     }
 }
 
-/// One read from the client, by `deadline` if there is one; interrupted
-/// reads are retried.
+/// Waits until either side of a fresh tunnel has something to read:
+/// whether the client was first (it was, too, when both were).
+fn client_speaks_first(client: &TcpStream, upstream: &TcpStream) -> io::Result<bool> {
+    loop {
+        let mut fds = [PollFd::new(client, PollFlags::IN), PollFd::new(upstream, PollFlags::IN)];
+        match poll(&mut fds, None) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) if !fds[0].revents().is_empty() => return Ok(true),
+            Ok(_) if !fds[1].revents().is_empty() => return Ok(false),
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// One read from `client` (or the server), by `deadline` if there is one;
+/// interrupted reads are retried.
 fn read_some(
     client: &TcpStream,
     reader: &mut &TcpStream,
@@ -650,13 +753,17 @@ fn read_some(
     }
 }
 
-/// Relays plaintext HTTP/1 through a tunnel, request by request: each head
-/// is read whole and must name the tunnel's host, then exactly its body
-/// goes on, then the next head. Heads go upstream as the client sent them;
-/// the answers come back untouched on the other thread. The first request
-/// that names another host, leaves HTTP (an Upgrade, a CONNECT) or cannot
-/// be read ends the tunnel, refused.
-fn relay_http_requests(
+/// Relays one plaintext HTTP/1 request through a tunnel: its head, read
+/// whole, must name the tunnel's host; it goes upstream rebuilt as a
+/// forwarded request's is ([`upstream_head`], `Connection: close`), then
+/// exactly its body, and the answer comes back untouched on the other
+/// thread. One request a tunnel: a server that reads a body the proxy
+/// passed (a GET's, a body its handler ignores) as a request of its own
+/// would otherwise take whatever host that "request" names, so the server
+/// is asked to close after the first, and anything the client sends after
+/// its body ends the tunnel, refused, as does a request that names another
+/// host, leaves HTTP (an Upgrade, a CONNECT) or cannot be read.
+fn relay_http_request(
     run: &Run,
     connection: &Connection,
     client: &TcpStream,
@@ -667,89 +774,99 @@ fn relay_http_requests(
 ) -> RelayEnd {
     let mut reader = client;
     let mut chunk = vec![0u8; RELAY_BUFFER];
-    loop {
-        // The head: as long as the client likes before its first byte
-        // (keep-alive), then quick.
-        let (head, length) = loop {
-            match split_head(&pending) {
-                Ok(Some(found)) => break found,
-                Ok(None) => {}
-                Err(e) => {
-                    return RelayEnd::Refused(format!(
-                        "the tunnel to {host}:{port} carries no HTTP the proxy can check: {e}"
-                    ));
-                }
-            }
-            if pending.len() >= MAX_HEAD_BYTES {
+    // The head: quick, once its first byte came.
+    let deadline = Some(Instant::now() + run.config.head_timeout);
+    let (head, length) = loop {
+        match split_head(&pending) {
+            Ok(Some(found)) => break found,
+            Ok(None) => {}
+            Err(e) => {
                 return RelayEnd::Refused(format!(
-                    "a request head in the tunnel is larger than {MAX_HEAD_BYTES} bytes"
+                    "the tunnel to {host}:{port} carries no HTTP the proxy can check: {e}"
                 ));
             }
-            let deadline = (!pending.is_empty()).then(|| Instant::now() + run.config.head_timeout);
-            let room = chunk.len().min(MAX_HEAD_BYTES - pending.len());
-            match read_some(client, &mut reader, &mut chunk[..room], deadline) {
-                // The run ending closes every tunnel: not the client's doing.
-                Ok(0) if pending.is_empty() || run.stopping.load(Ordering::SeqCst) => return RelayEnd::Eof,
-                Ok(0) => return RelayEnd::Refused("the client closed the tunnel in the middle of a request".into()),
-                Ok(n) => pending.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    return RelayEnd::Refused("no whole request head arrived in time through the tunnel".into());
-                }
-                Err(e) => return RelayEnd::Error(e),
-            }
-        };
-        if let Err(reason) = check_tunnelled_request(&head, host, port) {
-            return RelayEnd::Refused(reason);
         }
-        let mut framing = match BodyFraming::of(&head) {
-            Ok(framing) => framing,
+        if pending.len() >= MAX_HEAD_BYTES {
+            return RelayEnd::Refused(format!("a request head in the tunnel is larger than {MAX_HEAD_BYTES} bytes"));
+        }
+        let room = chunk.len().min(MAX_HEAD_BYTES - pending.len());
+        match read_some(client, &mut reader, &mut chunk[..room], deadline) {
+            // The run ending closes every tunnel: not the client's doing.
+            Ok(0) if run.stopping.load(Ordering::SeqCst) => return RelayEnd::Eof,
+            Ok(0) => return RelayEnd::Refused("the client closed the tunnel in the middle of a request".into()),
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return RelayEnd::Refused("no whole request head arrived in time through the tunnel".into());
+            }
+            Err(e) => return RelayEnd::Error(e),
+        }
+    };
+    let path = match check_tunnelled_request(&head, host, port) {
+        Ok(path) => path,
+        Err(reason) => return RelayEnd::Refused(reason),
+    };
+    let mut framing = match BodyFraming::of(&head) {
+        Ok(framing) => framing,
+        Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
+    };
+    let rebuilt = upstream_head(&head, &path, &format!("{host}:{port}"));
+    if let Err(end) = forward_bytes(run, connection, upstream, &rebuilt, Direction::Out) {
+        return end;
+    }
+    pending.drain(..length);
+    // The body: exactly what its framing says, from what is buffered, then the stream.
+    loop {
+        let taken = match framing.advance(&pending) {
+            Ok(taken) => taken,
             Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
         };
-        if let Err(end) = forward_bytes(run, connection, upstream, &pending[..length], Direction::Out) {
+        if let Err(end) = forward_bytes(run, connection, upstream, &pending[..taken], Direction::Out) {
             return end;
         }
-        pending.drain(..length);
-        // The body: exactly what its framing says, from what is buffered, then the stream.
-        loop {
-            let taken = match framing.advance(&pending) {
-                Ok(taken) => taken,
-                Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
-            };
-            if let Err(end) = forward_bytes(run, connection, upstream, &pending[..taken], Direction::Out) {
-                return end;
-            }
-            pending.drain(..taken);
-            if framing.is_done() {
-                break;
-            }
-            match read_some(client, &mut reader, &mut chunk, None) {
-                Ok(0) => return RelayEnd::Eof,
-                Ok(n) => pending.extend_from_slice(&chunk[..n]),
-                Err(e) => return RelayEnd::Error(e),
-            }
+        pending.drain(..taken);
+        if framing.is_done() {
+            break;
         }
+        match read_some(client, &mut reader, &mut chunk, None) {
+            Ok(0) => return RelayEnd::Eof,
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            Err(e) => return RelayEnd::Error(e),
+        }
+    }
+    // Nothing more goes upstream; the client may only close.
+    let more = if pending.is_empty() { read_some(client, &mut reader, &mut chunk, None) } else { Ok(pending.len()) };
+    match more {
+        Ok(0) => RelayEnd::Eof,
+        Ok(_) => RelayEnd::Refused(format!(
+            "a second request in the tunnel to {host}:{port}: the proxy passes one request a plaintext tunnel, \
+             and asked the server to close after it (open a new tunnel, or send the request to the proxy)"
+        )),
+        Err(e) => RelayEnd::Error(e),
     }
 }
 
 /// Refuses a request in a plaintext tunnel that does not name the tunnel's
 /// host (its Host header, and its target if absolute) or that would leave
-/// HTTP/1, where the proxy could no longer check what passes.
-fn check_tunnelled_request(head: &RequestHead, host: &RequestHost, port: u16) -> Result<(), String> {
+/// HTTP/1, where the proxy could no longer check what passes. Returns the
+/// request's target in origin form.
+fn check_tunnelled_request(head: &RequestHead, host: &RequestHost, port: u16) -> Result<String, String> {
     if head.method.eq_ignore_ascii_case("CONNECT") {
         return Err(format!("a CONNECT inside the tunnel to {host}:{port}"));
     }
     if head.values("upgrade").next().is_some() {
         return Err(format!("an Upgrade inside the tunnel to {host}:{port}: the proxy checks HTTP/1 only"));
     }
+    let mut path = head.target.clone();
     if head.target.contains("://") {
         let url = parse_absolute_url(&head.target).map_err(|e| format!("request target: {e}"))?;
         if url.host != *host || url.port != port {
             return Err(format!("a request in the tunnel to {host}:{port} is for {:?}", head.target));
         }
+        path = url.path;
     }
     // Without a port, the Host header means HTTP's default port.
     match check_host_header(head, host, port, Some(80), &format!("{host}:{port}")) {
-        Ok(true) => Ok(()),
+        Ok(true) => Ok(path),
         Ok(false) => Err(format!("a request in the tunnel to {host}:{port} names no host (it has no Host header)")),
         Err(Stop::Denied { reason, .. }) | Err(Stop::Failed(reason)) => {
             Err(format!("a request in the tunnel to {host}:{port}: {reason}"))

@@ -25,8 +25,9 @@ pub enum HelloScan {
     /// A TLS handshake whose ClientHello has not fully arrived yet.
     Incomplete,
     /// A whole ClientHello, and the host name it asks for, if any (lower
-    /// case, no trailing dot).
-    Hello { server_name: Option<String> },
+    /// case, no trailing dot); `length` is how many of the bytes scanned
+    /// are the records that carry it.
+    Hello { server_name: Option<String>, length: usize },
     /// A TLS handshake the proxy cannot read; the tunnel is refused.
     Malformed(&'static str),
 }
@@ -74,10 +75,27 @@ pub fn scan_client_hello(data: &[u8]) -> HelloScan {
         }
         if let Some(body) = handshake.get(4..4 + message_length) {
             return match server_name(body) {
-                Ok(server_name) => HelloScan::Hello { server_name },
+                Ok(server_name) => HelloScan::Hello { server_name, length: data.len() - rest.len() },
                 Err(why) => HelloScan::Malformed(why),
             };
         }
+    }
+}
+
+/// TLS record content type of alerts: a server may refuse a ClientHello with one.
+const ALERT_RECORD: u8 = 21;
+
+/// Whether `first`, the first bytes a server sent back after a ClientHello
+/// (at least a record's five-byte header), begin a TLS record a server
+/// answers a ClientHello with: a handshake (its ServerHello) or an alert.
+/// A server of any other protocol answers otherwise, or not at all.
+pub fn answers_tls(first: &[u8]) -> bool {
+    match first {
+        [kind, 3, _, high, low, ..] => {
+            let length = usize::from(u16::from_be_bytes([*high, *low]));
+            matches!(*kind, HANDSHAKE_RECORD | ALERT_RECORD) && (1..=MAX_RECORD).contains(&length)
+        }
+        _ => false,
     }
 }
 
@@ -202,10 +220,14 @@ mod tests {
     #[test]
     fn reads_the_server_name_whole_split_and_in_pieces() {
         let hello = client_hello(&[(10, vec![0, 2, 0, 29]), (0, sni(&[(0, "API.Example.com.")]))]);
-        let expected = HelloScan::Hello { server_name: Some("api.example.com".into()) };
-        assert_eq!(scan_client_hello(&records(&hello, 1 << 14)), expected);
+        let whole = records(&hello, 1 << 14);
+        let expected = |length| HelloScan::Hello { server_name: Some("api.example.com".into()), length };
+        assert_eq!(scan_client_hello(&whole), expected(whole.len()));
         let split = records(&hello, 7);
-        assert_eq!(scan_client_hello(&split), expected);
+        assert_eq!(scan_client_hello(&split), expected(split.len()));
+        // What follows the hello's records is not counted as the hello.
+        let followed = [&split[..], b"\r\nSET key value\r\n"].concat();
+        assert_eq!(scan_client_hello(&followed), expected(split.len()));
         for cut in 0..split.len() {
             assert_eq!(scan_client_hello(&split[..cut]), HelloScan::Incomplete, "cut at {cut}");
         }
@@ -214,7 +236,22 @@ mod tests {
     #[test]
     fn a_hello_without_a_name_has_none() {
         let hello = client_hello(&[(10, vec![0, 2, 0, 29])]);
-        assert_eq!(scan_client_hello(&records(&hello, 1000)), HelloScan::Hello { server_name: None });
+        let whole = records(&hello, 1000);
+        assert_eq!(scan_client_hello(&whole), HelloScan::Hello { server_name: None, length: whole.len() });
+    }
+
+    #[test]
+    fn a_server_answers_tls_with_a_handshake_or_an_alert_record() {
+        assert!(answers_tls(&[HANDSHAKE_RECORD, 3, 3, 0, 122]));
+        assert!(answers_tls(&[ALERT_RECORD, 3, 3, 0, 2, 2, 40]));
+        for other in
+            [&b"-ERR unknown command\r\n"[..], b"HTTP/1.1 400 Bad Request\r\n", b"LINE: \x16\x03", &[23, 3, 3, 0, 5]]
+        {
+            assert!(!answers_tls(other), "{other:?}");
+        }
+        assert!(!answers_tls(&[HANDSHAKE_RECORD, 3, 3, 0]), "a header cut short");
+        assert!(!answers_tls(&[HANDSHAKE_RECORD, 3, 3, 0, 0]), "an empty record");
+        assert!(!answers_tls(&[HANDSHAKE_RECORD, 3, 3, 0xff, 0xff]), "a record longer than TLS allows");
     }
 
     #[test]

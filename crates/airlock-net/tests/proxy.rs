@@ -580,7 +580,84 @@ fn plaintext_through_a_tunnel_must_name_the_tunnel_s_host_in_every_request() {
     }
     let pipelined = events.last().unwrap();
     assert_eq!(pipelined.verdict, NetworkVerdict::Denied, "{pipelined:?}");
-    assert!(pipelined.reason.as_deref().unwrap_or_default().contains("other.test"), "{pipelined:?}");
+    assert!(pipelined.reason.as_deref().unwrap_or_default().contains("second request"), "{pipelined:?}");
+    // What reached the server was asked to be the connection's last.
+    assert!(server.requests().iter().all(|r| r.head.contains("Connection: close\r\n")), "{:?}", server.requests());
+}
+
+/// A request whose body is itself a request, for another site, through a
+/// plaintext tunnel: the proxy passes the body as a body, but a server that
+/// ignores it reads the next bytes of the connection as a request of its
+/// own. Before the fix the tunnel kept the server's connection open across
+/// requests and passed heads as the client wrote them: the server answered
+/// "you asked admin.internal for /internal". Now the head goes rebuilt with
+/// `Connection: close`, one request a tunnel, and the server answers once.
+#[test]
+fn a_request_hidden_in_a_body_never_reaches_the_server_through_a_tunnel() {
+    let (port, answered) = server_that_ignores_bodies();
+    let target = format!("127.0.0.1:{port}");
+    let (proxy, addr) = start_proxy(std::slice::from_ref(&target), no_names(), Caps::default());
+    let hidden = "GET /internal HTTP/1.1\r\nHost: admin.internal\r\n\r\n";
+    for method in ["GET", "POST"] {
+        let (mut tunnel, head) = connect(addr, &target, "");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let request =
+            format!("{method} / HTTP/1.1\r\nHost: {target}\r\nContent-Length: {}\r\n\r\n{hidden}", hidden.len());
+        tunnel.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = tunnel.read_to_string(&mut answer);
+        assert!(answer.ends_with(&format!("you asked {target} for /")), "{method}: {answer}");
+        assert!(!answer.contains("admin.internal"), "{method}: {answer}");
+    }
+    // The server is done with both connections once it has answered them.
+    std::thread::sleep(Duration::from_millis(200));
+    let expected = vec![format!("you asked {target} for /"); 2];
+    assert_eq!(*answered.lock().unwrap(), expected);
+    let events = proxy.finish().record.connections;
+    assert!(events.iter().all(|e| e.verdict == NetworkVerdict::Allowed), "{events:?}");
+}
+
+/// A tunnel that begins with a ClientHello must carry TLS: bytes after the
+/// hello are not passed until the server has answered it as a TLS server
+/// does, so a line-based service on an allowed port gets no command the
+/// code writes after a hello, and the code gets none of its answers. Before
+/// the fix, any ClientHello opened a raw relay: the service read `SET key
+/// value` and `PING` and answered both. A service that speaks first (a
+/// banner) is refused before the client speaks, its banner not passed.
+#[test]
+fn a_tls_opening_carries_no_other_protocol_after_it() {
+    let (port, lines) = line_service(None);
+    let target = format!("127.0.0.1:{port}");
+    let (banner_port, banner_lines) = line_service(Some("220 service ready\r\n"));
+    let banner_target = format!("127.0.0.1:{banner_port}");
+    let (proxy, addr) = start_proxy(&[target.clone(), banner_target.clone()], no_names(), Caps::default());
+
+    let mut random = [7u8; 32];
+    random[10..12].copy_from_slice(b"\r\n");
+    let (mut tunnel, head) = connect(addr, &target, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    tunnel.write_all(&[client_hello(&random), b"SET key value\r\nPING\r\n".to_vec()].concat()).unwrap();
+    let mut answer = Vec::new();
+    let _ = tunnel.read_to_end(&mut answer);
+    assert_eq!(String::from_utf8_lossy(&answer), "", "the service's answers reached the client");
+
+    let (mut tunnel, head) = connect(addr, &banner_target, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut answer = Vec::new();
+    let _ = tunnel.read_to_end(&mut answer);
+    assert_eq!(String::from_utf8_lossy(&answer), "", "the banner reached the client");
+    let _ = tunnel.write_all(b"HELO me\r\n");
+
+    std::thread::sleep(Duration::from_millis(200));
+    let read = lines.lock().unwrap().clone();
+    assert!(!read.iter().any(|l| l.contains("SET key value") || l == "PING"), "the service read {read:?}");
+    assert_eq!(*banner_lines.lock().unwrap(), Vec::<String>::new());
+    let events = proxy.finish().record.connections;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events.iter().all(|e| e.verdict == NetworkVerdict::Denied && e.bytes_in == 0), "{events:?}");
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_deref().unwrap_or_default()).collect();
+    assert!(reasons[0].contains("did not answer the TLS ClientHello with TLS"), "{reasons:?}");
+    assert!(reasons[1].contains("before the client did"), "{reasons:?}");
 }
 
 #[test]

@@ -373,3 +373,85 @@ pub fn status(answer: &str) -> u16 {
 pub fn allowed(events: &[NetworkEvent]) -> Vec<&NetworkEvent> {
     events.iter().filter(|e| e.verdict == NetworkVerdict::Allowed).collect()
 }
+
+/// A keep-alive HTTP/1.1 server on loopback that reads request heads only
+/// (its handlers ignore bodies, as Python's `BaseHTTPRequestHandler`'s do
+/// unless they read one) and answers each with the host and path it was
+/// asked for, until a request says `Connection: close`. Returns its port and
+/// the answers it gave.
+pub fn server_that_ignores_bodies() -> (u16, Arc<Mutex<Vec<String>>>) {
+    serve_each_logging(|mut stream, log| {
+        let mut data = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let Some(end) = find(&data, b"\r\n\r\n") else {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => data.extend_from_slice(&chunk[..n]),
+                }
+                continue;
+            };
+            let head = String::from_utf8_lossy(&data[..end]).into_owned();
+            data.drain(..end + 4);
+            let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+            let host = head.lines().find_map(|l| l.strip_prefix("Host: ")).unwrap_or("").to_owned();
+            let text = format!("you asked {host} for {path}");
+            log.lock().unwrap().push(text.clone());
+            let close = head.to_ascii_lowercase().contains("connection: close");
+            let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}", text.len());
+            if stream.write_all(answer.as_bytes()).is_err() || close {
+                break;
+            }
+        }
+    })
+}
+
+/// A server on 127.0.0.1 that hands each connection to `handle`, with a log
+/// it keeps; returns its port and the log.
+fn serve_each_logging(
+    handle: impl Fn(TcpStream, &Mutex<Vec<String>>) + Send + 'static,
+) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&log);
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            stream.set_read_timeout(Some(PATIENCE)).unwrap();
+            handle(stream, &kept);
+        }
+    });
+    (port, log)
+}
+
+/// A ClientHello for no server name (a tunnel to an IP), which the proxy
+/// reads as TLS, with `random` as its random field.
+pub fn client_hello(random: &[u8; 32]) -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend(random);
+    body.extend([0, 0, 2, 0x13, 0x01, 1, 0]); // no session id, one suite, no compression
+    let mut handshake = vec![1, 0, 0, body.len() as u8];
+    handshake.extend(body);
+    let mut record = vec![22, 3, 1, 0, handshake.len() as u8];
+    record.extend(handshake);
+    record
+}
+
+/// A line-based service on loopback (a cache's, a mail server's) on a port
+/// an operator allowed: it answers each line it reads, after an optional
+/// banner. Returns its port and the lines it read.
+pub fn line_service(banner: Option<&'static str>) -> (u16, Arc<Mutex<Vec<String>>>) {
+    serve_each_logging(move |mut stream, log| {
+        if let Some(banner) = banner {
+            let _ = stream.write_all(banner.as_bytes());
+        }
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut line = Vec::new();
+        while std::io::BufRead::read_until(&mut reader, b'\n', &mut line).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+            log.lock().unwrap().push(text.clone());
+            let _ = stream.write_all(format!("+OK {text}\r\n").as_bytes());
+            line.clear();
+        }
+    })
+}
