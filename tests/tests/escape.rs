@@ -550,3 +550,81 @@ subprocess.run(["/bin/sh", "-c", "sleep 3", "{marker}"])
     assert_eq!(uids, vec![expected; 4], "host uids of the code");
     assert_eq!(gids, vec![expected_gid; 4], "host gids of the code");
 }
+
+/// The host's `core_pattern`, piped to a handler that logs each crash it is
+/// handed, for as long as this lives; the pattern is put back when dropped,
+/// whatever the test did.
+struct CoreHandler {
+    before: String,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+const CORE_PATTERN: &str = "/proc/sys/kernel/core_pattern";
+
+impl CoreHandler {
+    fn install() -> CoreHandler {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("crashes");
+        let handler = dir.path().join("handler");
+        std::fs::write(
+            &handler,
+            format!("#!/bin/sh\necho \"pid $1 limit $2\" >> {}\ncat > /dev/null\n", log.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&handler, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let before = std::fs::read_to_string(CORE_PATTERN).unwrap();
+        std::fs::write(CORE_PATTERN, format!("|{} %P %c", handler.display())).unwrap();
+        CoreHandler { before, log, _dir: dir }
+    }
+
+    fn crashes(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for CoreHandler {
+    fn drop(&mut self) {
+        let _ = std::fs::write(CORE_PATTERN, self.before.trim_end());
+    }
+}
+
+/// Where `core_pattern` pipes crashes to a handler (systemd-coredump,
+/// apport), the kernel starts that handler on the host, as root, for a
+/// crash whose core-dump limit is 0, which is not "no core" for a pipe;
+/// only a limit of 1 is. So a crash in the sandbox must never reach it,
+/// nor a crash after the code tried to lower or reset the limit. Before the
+/// fix the limit was 0 and every crash below started the host's handler.
+#[test]
+fn a_crash_never_starts_the_hosts_core_handler() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: only root may point the host's core_pattern at a test handler");
+        return;
+    }
+    let _alone = exclusive();
+    let handler = CoreHandler::install();
+    let code = r#"
+import os, resource, sys
+for name, call in [
+    ("setrlimit", lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 1))),
+    ("prlimit", lambda: resource.prlimit(0, resource.RLIMIT_CORE, (0, 1))),
+]:
+    try:
+        call()
+        print(name, "lowered")
+    except (OSError, ValueError) as e:
+        print(name, "refused", e)
+print("limit", resource.getrlimit(resource.RLIMIT_CORE))
+sys.stdout.flush()
+os.abort()
+"#;
+    let python = python(Policy::default(), code);
+    let shell = shell(Policy::default(), "kill -SEGV $$");
+    // The handler, had it been started, has long written its line.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(handler.crashes(), "", "the host's core handler ran for a crash in the sandbox");
+    let refused = "setrlimit refused not allowed to raise maximum limit\n\
+                   prlimit refused [Errno 1] Operation not permitted\nlimit (1, 1)\n";
+    assert_eq!((python.signal, python.stdout.as_str()), (Some(6), refused), "{python:?}");
+    assert_eq!(shell.signal, Some(11), "{shell:?}");
+}

@@ -195,6 +195,42 @@ time.sleep(0.3)
     assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
 }
 
+/// RLIMIT_NOFILE caps each descriptor table, and a thread may ask for one
+/// of its own (`unshare(CLONE_FILES)`, or a clone without CLONE_FILES):
+/// each such thread held another 256 files, in a table the supervisor's
+/// count (of each process's) never saw, so the run held thousands and its
+/// record named no limit. Before the fix the four threads below held more
+/// than the run's 64 files, and the record named no limit.
+#[test]
+fn a_thread_cannot_take_a_descriptor_table_of_its_own() {
+    let mut policy = Policy::default();
+    policy.limits.open_files = 64;
+    let record = python(
+        policy,
+        r#"
+import ctypes, errno, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+held, answers = [], []
+def hold():
+    answers.append(errno.errorcode.get(ctypes.get_errno(), "ok") if libc.unshare(0x400) else "ok")
+    try:
+        while True:
+            held.append(open("/dev/null"))
+    except OSError:
+        pass
+threads = [threading.Thread(target=hold) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(sorted(answers), len(held) < 64)
+time.sleep(0.3)
+"#,
+    );
+    assert_eq!(record.stdout.trim(), "['EPERM', 'EPERM', 'EPERM', 'EPERM'] True", "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
+}
+
 #[test]
 fn usage_is_measured_not_made_up() {
     let record = python(Policy::default(), "x = bytearray(50 << 20)\nx[::4096] = b'x' * len(x[::4096])");

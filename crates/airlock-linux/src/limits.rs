@@ -14,7 +14,12 @@ pub fn for_policy(policy: &Policy, without_cgroups: bool) -> Vec<Rlimit> {
     // the whole run) normally fires first and names the limit.
     let cpu_seconds = l.cpu_time.as_secs() + 1;
     let mut limits = vec![
-        both(RlimitResource::Core, 0),
+        // 1 byte, not 0: the kernel writes no core file below a page, and
+        // at exactly 1 it hands no crash to a piped core_pattern either,
+        // which at 0 it does, starting the host's handler (systemd-coredump,
+        // apport) as root for every crash of the code. The code may not
+        // change it (seccomp/default.toml).
+        both(RlimitResource::Core, 1),
         both(RlimitResource::NoFile, u64::from(l.open_files)),
         // As large as the whole work tmpfs: a full disk shows as ENOSPC,
         // not as a smaller file-size limit that would hide which was reached.

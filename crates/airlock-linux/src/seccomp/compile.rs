@@ -73,6 +73,11 @@ fn offset_arg(i: u8) -> u32 {
     16 + 8 * u32::from(i)
 }
 
+/// High 32 bits of argument `i`.
+fn offset_arg_high(i: u8) -> u32 {
+    offset_arg(i) + 4
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Label {
     Rule(u32, usize),
@@ -225,6 +230,15 @@ pub fn compile(policy: &Policy) -> Result<Vec<Instruction>, PolicyFileError> {
                     }
                     Test::AnyBit(bits) => {
                         asm.emit(JMP_JSET_K, 0, 1, *bits);
+                        asm.jump(holds);
+                        asm.jump(fails);
+                    }
+                    // Low half zero: then the high half decides.
+                    Test::NonNull => {
+                        asm.emit(JMP_JEQ_K, 1, 0, 0);
+                        asm.jump(holds);
+                        asm.emit(LD_W_ABS, 0, 0, offset_arg_high(condition.arg));
+                        asm.emit(JMP_JEQ_K, 1, 0, 0);
                         asm.jump(holds);
                         asm.jump(fails);
                     }

@@ -200,6 +200,9 @@ const ERRNOS: [(&str, u16); 6] =
 const SYMBOLS: &[(&str, u32)] = &[
     ("CLONE_NEWTIME", 0x0000_0080),
     ("CLONE_PARENT", 0x0000_8000),
+    ("CLONE_FILES", 0x0000_0400),
+    ("CLONE_THREAD", 0x0001_0000),
+    ("RLIMIT_CORE", 4),
     ("CLONE_NEWNS", 0x0002_0000),
     ("CLONE_NEWCGROUP", 0x0200_0000),
     ("CLONE_NEWUTS", 0x0400_0000),
@@ -272,15 +275,20 @@ pub enum Test {
     NotIn(Vec<u32>),
     /// It has any of these bits set.
     AnyBit(u32),
+    /// It is not NULL: a pointer, tested in all 64 bits (one whose low half
+    /// is zero still points somewhere), never masked.
+    NonNull,
 }
 
 impl Condition {
     fn holds(&self, args: &[u64; 6]) -> bool {
-        let value = (args[usize::from(self.arg)] as u32) & self.mask.unwrap_or(u32::MAX);
+        let whole = args[usize::from(self.arg)];
+        let value = (whole as u32) & self.mask.unwrap_or(u32::MAX);
         match &self.test {
             Test::In(values) => values.contains(&value),
             Test::NotIn(values) => !values.contains(&value),
             Test::AnyBit(bits) => value & bits != 0,
+            Test::NonNull => whole != 0,
         }
     }
 }
@@ -322,7 +330,7 @@ pub enum PolicyFileError {
     UnknownSyscall(String),
     #[error("condition on argument {0}: syscalls have arguments 0 to 5")]
     BadArgument(u8),
-    #[error("a condition needs exactly one of `in`, `not_in` or `any_bit`")]
+    #[error("a condition needs exactly one of `in`, `not_in`, `any_bit` or `non_null = true` (which takes no mask)")]
     BadCondition,
     #[error("the compiled filter has {0} instructions, more than the kernel's limit of 4096")]
     TooLong(usize),
@@ -387,6 +395,8 @@ struct ConditionEntry {
     is_in: Option<Vec<Value>>,
     not_in: Option<Vec<Value>>,
     any_bit: Option<Vec<Value>>,
+    /// `non_null = true`: the argument, a pointer, is not NULL.
+    non_null: Option<bool>,
 }
 
 /// A constant in a condition: a name from [`SYMBOLS`], or a number.
@@ -516,10 +526,11 @@ fn condition(entry: &ConditionEntry) -> Result<Condition, PolicyFileError> {
         return Err(PolicyFileError::BadArgument(entry.arg));
     }
     let mask = entry.mask.as_ref().map(Value::resolve).transpose()?;
-    let test = match (&entry.is_in, &entry.not_in, &entry.any_bit) {
-        (Some(v), None, None) => Test::In(values(v)?),
-        (None, Some(v), None) => Test::NotIn(values(v)?),
-        (None, None, Some(v)) => Test::AnyBit(values(v)?.into_iter().fold(0, |a, b| a | b)),
+    let test = match (&entry.is_in, &entry.not_in, &entry.any_bit, entry.non_null) {
+        (Some(v), None, None, None) => Test::In(values(v)?),
+        (None, Some(v), None, None) => Test::NotIn(values(v)?),
+        (None, None, Some(v), None) => Test::AnyBit(values(v)?.into_iter().fold(0, |a, b| a | b)),
+        (None, None, None, Some(true)) if mask.is_none() => Test::NonNull,
         _ => return Err(PolicyFileError::BadCondition),
     };
     Ok(Condition { arg: entry.arg, mask, test })
@@ -536,6 +547,7 @@ impl fmt::Display for Condition {
             Test::In(values) => write!(f, " in [{}]", list(values)),
             Test::NotIn(values) => write!(f, " not in [{}]", list(values)),
             Test::AnyBit(bits) => write!(f, " has any of {bits:#x}"),
+            Test::NonNull => write!(f, " is not NULL"),
         }
     }
 }

@@ -65,6 +65,11 @@ fn interesting_args(policy: &Policy, nr: u32) -> Vec<[u64; 6]> {
             let values = match &c.test {
                 Test::In(v) | Test::NotIn(v) => v.clone(),
                 Test::AnyBit(bits) => vec![*bits, !*bits],
+                // Pointers whose low or high half alone is zero.
+                Test::NonNull => {
+                    set.extend([0x1_0000_0000, 0x7fff_0000_1000, 1 << 63]);
+                    Vec::new()
+                }
             };
             for v in values {
                 let v = u64::from(v);
@@ -251,6 +256,21 @@ fn the_issue_s_rules_hold_on_every_architecture() {
         assert_eq!(call("clone", a(&[0x003d_0f00])), Action::Allow, "pthread_create's flags");
         assert_eq!(call("clone", a(&[0x8000 | 17])), EPERM, "CLONE_PARENT");
         assert_eq!(call("unshare", a(&[0x4000_0000])), EPERM, "CLONE_NEWNET");
+        // A thread with a descriptor table of its own, either way.
+        assert_eq!(call("unshare", a(&[0x400])), EPERM, "CLONE_FILES");
+        assert_eq!(call("unshare", a(&[0x200])), Action::Allow, "CLONE_FS");
+        assert_eq!(call("clone", a(&[0x0001_0000 | 0x100 | 0x800])), EPERM, "a thread without CLONE_FILES");
+        assert_eq!(call("clone", a(&[17])), Action::Allow, "fork");
+        // The core-dump limit: read, never set (pointers tested in all 64 bits).
+        assert_eq!(call("prlimit64", a(&[0, 4, 0, 0x7fff_0000_2000])), Action::Allow, "reading RLIMIT_CORE");
+        for new in [0x7fff_0000_1000, 0x1_0000_0000, 1 << 63] {
+            assert_eq!(call("prlimit64", a(&[0, 4, new])), EPERM, "{arch}: setting RLIMIT_CORE from {new:#x}");
+        }
+        assert_eq!(call("prlimit64", a(&[0, 7, 0x7fff_0000_1000])), Action::Allow, "setting RLIMIT_NOFILE");
+        if policy.number("setrlimit").is_some() {
+            assert_eq!(call("setrlimit", a(&[4, 0x7fff_0000_1000])), EPERM, "setrlimit(RLIMIT_CORE)");
+            assert_eq!(call("setrlimit", a(&[7, 0x7fff_0000_1000])), Action::Allow, "setrlimit(RLIMIT_NOFILE)");
+        }
 
         // ioctl: the allowlist, the rest as a descriptor that lacks them.
         for allowed in [0x5401, 0x5413, 0x541B, 0x5421, 0x5451, 0x5450, 0x4004_9409] {
