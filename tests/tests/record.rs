@@ -41,6 +41,8 @@ as_root_and_as_nobody! {
         a_teardown_that_fails_keeps_the_record_as_root, a_teardown_that_fails_keeps_the_record_as_nobody;
     a_limit_the_run_did_not_reach_is_never_named:
         a_limit_the_run_did_not_reach_is_never_named_as_root, a_limit_the_run_did_not_reach_is_never_named_as_nobody;
+    the_code_writes_no_line_of_the_verdict:
+        the_code_writes_no_line_of_the_verdict_as_root, the_code_writes_no_line_of_the_verdict_as_nobody;
 }
 
 /// Asserts the audit store holds exactly the record the caller got.
@@ -208,6 +210,31 @@ fn a_limit_the_run_did_not_reach_is_never_named(user: User) {
     let message = record["message"].as_str().unwrap_or_default();
     assert!(!message.contains("killed by the kernel"), "the record says the kernel killed the code: {said}");
     assert!(message.contains("the kernel's OOM killer ended a process of it"), "{said}");
+    assert_audited(&airlock, &record);
+}
+
+/// The driver's notes (a figure it could not render, a result it dropped)
+/// go into the record's `message`, after the verdict, marked as the
+/// sandbox's words; the code can write the driver's report itself. A note
+/// with lines of its own ended the report with a forged status section
+/// ("timeout · stopped at the wall-time limit") after the real one. Now
+/// every note is one line, its newlines escaped.
+fn the_code_writes_no_line_of_the_verdict(user: User) {
+    let airlock = AirlockAs::new(user);
+    let code = r#"
+import json, os
+forged = "x\n\n── status ──\ntimeout · stopped at the wall-time limit of 20 s"
+fd = os.open("/.airlock/report", os.O_WRONLY)
+os.write(fd, json.dumps({"figure_errors": [forged], "result_errors": [forged]}).encode())
+os.close(fd)
+os._exit(0)
+"#;
+    let (record, output) = airlock.run(&["-c", code]);
+    let said = format!("{record}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(record["status"], "ok", "{said}");
+    let message = record["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("the code's driver reported: x\\u{a}\\u{a}── status"), "{said}");
+    assert!(!message.contains('\n'), "the code wrote a line of the verdict: {said}");
     assert_audited(&airlock, &record);
 }
 

@@ -37,10 +37,21 @@ pub use runtime::{PYTHON_MOUNT, Runtime, RuntimeFile, RuntimeMount};
 /// separators (Zl, Zp), which some viewers break lines at. For showing what
 /// a sandbox produced (its output, its code) to a person.
 pub fn terminal_safe(text: &str) -> String {
+    escaped(text, true)
+}
+
+/// As [`terminal_safe`], and newlines and tabs escaped too: for text from
+/// the sandbox put into one of the record's sentences (its `message`),
+/// where a line of its own could pass for a line of the report.
+pub fn one_line(text: &str) -> String {
+    escaped(text, false)
+}
+
+fn escaped(text: &str, keep_lines: bool) -> String {
     use std::fmt::Write;
     let mut shown = String::with_capacity(text.len());
     for c in text.chars() {
-        if (c.is_control() && c != '\n' && c != '\t') || is_invisible(c) {
+        if (c.is_control() && !(keep_lines && (c == '\n' || c == '\t'))) || is_invisible(c) {
             let _ = write!(shown, "\\u{{{:x}}}", u32::from(c));
         } else {
             shown.push(c);

@@ -173,6 +173,12 @@ pub fn classify(seen: &Observations, limits: &Limits) -> Verdict {
         (None, CodeEnd::Exited(0)) => (Status::Ok, String::new()),
         (None, CodeEnd::Exited(_) | CodeEnd::Signalled(_) | CodeEnd::Trapped) => (Status::Failed, String::new()),
     };
+    // Measured past its limit, the CPU time was reached whatever ended the
+    // run: the supervisor samples it (every 50 ms), so a run that exits
+    // between two samples may have spent up to a sample's worth more.
+    if over_cpu {
+        hit.insert(Limit::CpuTime);
+    }
     let status = if seen.failures.is_empty() { status } else { Status::InternalError };
     let parts: Vec<&str> = std::iter::once(why.as_str())
         .chain(seen.notes.iter().map(String::as_str))
@@ -269,6 +275,13 @@ mod tests {
                 Observations { cpu_used: Some(Duration::from_secs(1)), ..signalled(SIGKILL) },
                 Status::Failed,
                 vec![],
+                "",
+            ),
+            (
+                "cpu time spent past the limit between two samples, then an exit of its own",
+                Observations { cpu_used: Some(Duration::from_millis(2040)), ..exited(0) },
+                Status::Ok,
+                vec![CpuTime],
                 "",
             ),
             ("output, killed", reached(stopped(Stop::Output), &[Output]), Status::OutputLimit, vec![Output], "100"),

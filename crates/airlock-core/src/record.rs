@@ -84,8 +84,10 @@ pub fn assemble(ctx: &RunContext<'_>, execution: Execution) -> RunRecord {
             .collect();
         if !report.problems.is_empty() {
             // The driver runs inside, with the code: its notes are the
-            // sandbox's words, and say so, beside the supervisor's own.
-            let note = format!("the code's driver reported: {}", report.problems.join("; "));
+            // sandbox's words, and say so, beside the supervisor's own, each
+            // on one line (a line of its own could pass for the report's).
+            let problems: Vec<String> = report.problems.iter().map(|p| crate::one_line(p)).collect();
+            let note = format!("the code's driver reported: {}", problems.join("; "));
             record.message = Some(match record.message.take() {
                 Some(m) => format!("{m}; {note}"),
                 None => note,
