@@ -231,6 +231,50 @@ time.sleep(0.3)
     assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
 }
 
+/// Memory and socket buffers together past the memory limit: cgroup v2
+/// counts them as one and stops the run at the limit; v1 gives TCP buffers
+/// a counter of their own, limited apart, so a run held its limit in memory
+/// and nearly as much again queued in loopback connections, and its record
+/// said `ok` with no limit named beside a peak far above the limit. Before
+/// the fix: 90 MiB held and 80 MiB queued under 100 MiB, nothing listed.
+#[test]
+fn memory_and_socket_buffers_past_the_limit_together_are_listed() {
+    let mut policy = Policy::default();
+    policy.limits.memory_bytes = 100 << 20;
+    let record = python(
+        policy,
+        r#"
+import socket, time
+held = bytearray(90 << 20)
+held[::4096] = b"x" * len(held[::4096])
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(64)
+pairs, queued, chunk = [], 0, b"x" * 65536
+try:
+    while queued < 80 << 20:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        for end in (client, accepted):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        client.setblocking(False)
+        while queued < 80 << 20:
+            try:
+                queued += client.send(chunk)
+            except BlockingIOError:
+                break
+        pairs.append((client, accepted))
+except OSError as e:
+    print("refused:", e)
+print("queued MiB", queued >> 20)
+time.sleep(0.3)
+"#,
+    );
+    let peak = record.usage.peak_memory_bytes.unwrap_or(0);
+    assert!(record.limits_hit.contains(&Limit::Memory), "peak {} MiB: {record:?}", peak >> 20);
+}
+
 #[test]
 fn usage_is_measured_not_made_up() {
     let record = python(Policy::default(), "x = bytearray(50 << 20)\nx[::4096] = b'x' * len(x[::4096])");
