@@ -43,6 +43,8 @@ as_root_and_as_nobody! {
         a_limit_the_run_did_not_reach_is_never_named_as_root, a_limit_the_run_did_not_reach_is_never_named_as_nobody;
     the_code_writes_no_line_of_the_verdict:
         the_code_writes_no_line_of_the_verdict_as_root, the_code_writes_no_line_of_the_verdict_as_nobody;
+    a_slow_teardown_is_not_the_codes_timeout:
+        a_slow_teardown_is_not_the_codes_timeout_as_root, a_slow_teardown_is_not_the_codes_timeout_as_nobody;
 }
 
 /// Asserts the audit store holds exactly the record the caller got.
@@ -236,6 +238,43 @@ os._exit(0)
     assert!(message.starts_with("the code's driver reported: x\\u{a}\\u{a}── status"), "{said}");
     assert!(!message.contains('\n'), "the code wrote a line of the verdict: {said}");
     assert_audited(&airlock, &record);
+}
+
+/// The run ends when the code's process does: its helper then kills the
+/// rest and reports, and how long the rest takes to die is the code's to
+/// make (here, 48 processes holding 8 MiB each). The code's process exits
+/// within its wall limit; the helper's report may come after the limit,
+/// and the run was then recorded as a `timeout` with exit code 0. Now the
+/// helper says how long the code's process ran, and a kill at the wall
+/// limit that came while the helper was ending the run names no limit. A
+/// code that does outlive its limit is still a `timeout`.
+///
+/// The code exits 60 ms before its limit here, as its own clock counts from
+/// its start, so that a slow start on a loaded machine cannot take it past
+/// the limit: the teardown usually ends within that, so this test guards
+/// the verdict more than it reproduces the fault, which needed the exit
+/// within about 15 ms of the limit (6 of 6 such runs were `timeout` before
+/// the fix, 8 of 8 `ok` after, by hand; see the commit).
+fn a_slow_teardown_is_not_the_codes_timeout(user: User) {
+    let _alone = exclusive();
+    let airlock = AirlockAs::new(user);
+    let code = "import os, time\n\
+                start = time.monotonic()\n\
+                for _ in range(48):\n    \
+                    if os.fork() == 0:\n        \
+                        held = bytearray(8 << 20)\n        \
+                        held[::4096] = b'x' * len(held[::4096])\n        \
+                        time.sleep(100)\n\
+                time.sleep(max(0, 1.94 - (time.monotonic() - start)))\n\
+                os._exit(0)";
+    for round in 0..3 {
+        let (record, output) = airlock.run(&["--timeout", "2", "-c", code]);
+        let said = format!("round {round}: {record}\n{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!((&record["status"], &record["exit_code"]), (&Value::from("ok"), &Value::from(0)), "{said}");
+        assert_eq!(strings(&record["limits_hit"]), Vec::<&str>::new(), "{said}");
+    }
+    let (record, _) = airlock.run(&["--timeout", "2", "-c", "import time\ntime.sleep(2.05)"]);
+    assert_eq!(record["status"], "timeout", "{record}");
 }
 
 /// Forty processes flood stdout and stderr, each enlarged to 1 MiB, with

@@ -902,7 +902,9 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
                     self.kill_now();
                 }
             },
-            FromTemplate::Ended { code, init_first } => self.on_reply(Reply::Ended { code, init_first }, Vec::new()),
+            FromTemplate::Ended { code, init_first } => {
+                self.on_reply(Reply::Ended { code, init_first, code_ran_for: None }, Vec::new())
+            }
             FromTemplate::Failed(failure) => self.on_reply(Reply::Failed(failure), Vec::new()),
             FromTemplate::Ready => self.fail("the template sent an unexpected message".to_owned()),
         }
@@ -930,7 +932,17 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
                     self.sampler.start(now);
                 }
             }
-            Reply::Ended { code, init_first } => {
+            Reply::Ended { code, init_first, code_ran_for } => {
+                // The wall clock stopped the run while the helper was ending
+                // it, the code's process already gone within its limit: the
+                // rest took the time (its other processes dying, which the
+                // code may make slow), not the code. (A warm run's helper
+                // counts its preload too: it errs long, never short.)
+                if self.observed.killed == Some(KillReason::WallTime)
+                    && code_ran_for.is_some_and(|ran| ran < self.wall_time)
+                {
+                    self.observed.killed = None;
+                }
                 self.ended_at = Some(Instant::now());
                 self.observed.code_end = Some(code);
                 self.observed.init_first = init_first;
