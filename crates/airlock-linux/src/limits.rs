@@ -46,7 +46,14 @@ pub fn apply(limits: &[Rlimit]) -> Result<(), Failure> {
             RlimitResource::AddressSpace => Resource::As,
             RlimitResource::MemLock => Resource::Memlock,
         };
-        setrlimit(resource, Limit { current: Some(limit.soft), maximum: Some(limit.hard) })
+        let wanted = Limit { current: Some(limit.soft), maximum: Some(limit.hard) };
+        // Already so (a fork of a template made with the same limits): not
+        // set again, since the filter the template runs under refuses to
+        // set the core-dump limit at all.
+        if rustix::process::getrlimit(resource) == wanted {
+            continue;
+        }
+        setrlimit(resource, wanted)
             .map_err(|e| Failure::new("set rlimits", format!("{:?}", limit.resource), &e.into()))?;
     }
     Ok(())
