@@ -550,7 +550,7 @@ fn tunnel(
                 end_direction(run, connection, end, client, &upstream, direction);
                 return Ok(());
             }
-            relay_both(run, connection, client, &upstream, || {
+            relay_both(run, connection, client, &upstream, Answer::Any, || {
                 match forward_bytes(run, connection, &upstream, &data[hello..], Direction::Out) {
                     Ok(()) => relay(run, connection, client, &upstream, Direction::Out, None),
                     Err(end) => end,
@@ -558,15 +558,19 @@ fn tunnel(
             })
         }
         Ok(Opening::Http(first)) => {
-            relay_both(run, connection, client, &upstream, || {
+            relay_both(run, connection, client, &upstream, Answer::Http { target: &head.target }, || {
                 relay_http_request(run, connection, client, &upstream, first, &host, port)
             })?;
             // As after a forwarded request: let the client read the answer.
             linger(client);
             Ok(())
         }
-        // The client closed before sending anything through the tunnel.
-        Ok(Opening::Closed) => relay_both(run, connection, client, &upstream, || RelayEnd::Eof),
+        // The client closed (or half-closed) before sending anything
+        // through the tunnel: nothing passes either way.
+        Ok(Opening::Closed) => {
+            shutdown_both(client, &upstream);
+            Ok(())
+        }
         Err(reason) => refused(reason),
     }
 }
@@ -911,7 +915,7 @@ fn forward(
         end_direction(run, connection, end, client, &upstream, Direction::Out);
         return Ok(());
     }
-    relay_both(run, connection, client, &upstream, || {
+    relay_both(run, connection, client, &upstream, Answer::Http { target: &url.authority }, || {
         let taken = match framing.advance(&early) {
             Ok(taken) => taken,
             Err(e) => return RelayEnd::Refused(format!("request body: {e}")),
@@ -930,6 +934,78 @@ fn forward(
     Ok(())
 }
 
+/// What the server may answer through a relay.
+#[derive(Clone, Copy)]
+enum Answer<'a> {
+    /// Anything: TLS, whose opening was checked both ways already.
+    Any,
+    /// HTTP/1, from the server at `target` (`host:port`), for a request the
+    /// proxy passed in plain text.
+    Http { target: &'a str },
+}
+
+/// Relays the server's answer to a plaintext request: it must begin as an
+/// HTTP/1 answer does (`HTTP/1.x` and a status), or nothing of it reaches
+/// the client and the connection is refused. A request's body is the
+/// client's to fill, and a server of another protocol on an allowed port (a
+/// cache's, a mail server's) reads it as commands: the client must not get
+/// its answers. The answer goes on with `Connection: close` first among its
+/// headers, so that a keep-alive client opens a new connection for its next
+/// request rather than send it where the proxy passes one.
+fn relay_http_answer(
+    run: &Run,
+    connection: &Connection,
+    upstream: &TcpStream,
+    client: &TcpStream,
+    target: &str,
+) -> RelayEnd {
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let mut reader = upstream;
+    // The status line, whole, or as much of it as proves it is not one.
+    let line_end = loop {
+        if let Some(at) = head.windows(2).position(|pair| pair == b"\r\n") {
+            break Some(at);
+        }
+        if head.len() >= MAX_HEAD_BYTES || !b"HTTP/1.".starts_with(&head[..head.len().min(7)]) {
+            break None;
+        }
+        match reader.read(&mut chunk) {
+            Ok(0) if head.is_empty() => return RelayEnd::Eof,
+            Ok(0) => break None,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return RelayEnd::Error(e),
+        }
+    };
+    let Some(line_end) = line_end.filter(|&end| is_status_line(&head[..end])) else {
+        let shown = String::from_utf8_lossy(&head[..head.len().min(24)]).into_owned();
+        return RelayEnd::Refused(format!(
+            "{target} did not answer as an HTTP server (it began {shown:?}): a plaintext request carries HTTP, \
+             and no other protocol"
+        ));
+    };
+    let mut answer = Vec::with_capacity(head.len() + 19);
+    answer.extend_from_slice(&head[..line_end + 2]);
+    answer.extend_from_slice(b"Connection: close\r\n");
+    answer.extend_from_slice(&head[line_end + 2..]);
+    if let Err(end) = forward_bytes(run, connection, client, &answer, Direction::In) {
+        return end;
+    }
+    relay(run, connection, upstream, client, Direction::In, None)
+}
+
+/// `HTTP/1.0 200 OK` or `HTTP/1.1 404` and the like: a version, a space,
+/// three digits, then the end or a space.
+fn is_status_line(line: &[u8]) -> bool {
+    match line {
+        [b'H', b'T', b'T', b'P', b'/', b'1', b'.', b'0' | b'1', b' ', a, b, c, rest @ ..] => {
+            [a, b, c].iter().all(|d| d.is_ascii_digit()) && matches!(rest.first(), None | Some(b' '))
+        }
+        _ => false,
+    }
+}
+
 /// Relays both ways until both directions end: the outside's bytes to the
 /// client on a second thread, and `outbound` (which sends the client's bytes
 /// upstream) on this one.
@@ -938,13 +1014,17 @@ fn relay_both(
     connection: &Connection,
     client: &TcpStream,
     upstream: &TcpStream,
+    answer: Answer<'_>,
     outbound: impl FnOnce() -> RelayEnd,
 ) -> Result<(), Stop> {
     thread::scope(|scope| {
         let inbound = thread::Builder::new()
             .name(format!("airlock-net-{}-in", connection.id))
             .spawn_scoped(scope, || {
-                let end = relay(run, connection, upstream, client, Direction::In, None);
+                let end = match answer {
+                    Answer::Any => relay(run, connection, upstream, client, Direction::In, None),
+                    Answer::Http { target } => relay_http_answer(run, connection, upstream, client, target),
+                };
                 end_direction(run, connection, end, client, upstream, Direction::In);
             })
             .map_err(|e| {

@@ -679,3 +679,57 @@ fn a_tls_tunnel_to_a_name_must_name_it() {
     assert_eq!(events[0].verdict, NetworkVerdict::Denied, "{events:?}");
     assert!(events[0].reason.as_deref().unwrap_or_default().contains("names no server"), "{events:?}");
 }
+
+/// A request's body is the client's to fill: to a line-based service on an
+/// allowed port, it is a list of commands. The service reads them (the
+/// proxy cannot tell a body from a command), but its answer, which is not
+/// HTTP, never reaches the client, forwarded or through a tunnel; nor does
+/// a banner a service sends first, whether the client's request came with
+/// its CONNECT or the client half-closed the tunnel at once. Before the fix
+/// the client got "+OK SET key value" back both ways, and the banner too.
+#[test]
+fn a_plaintext_request_gets_an_answer_only_from_an_http_server() {
+    let (port, _) = line_service(None);
+    let target = format!("127.0.0.1:{port}");
+    let (banner_port, _) = line_service(Some("220 service ready\r\n"));
+    let banner_target = format!("127.0.0.1:{banner_port}");
+    let http = Server::http();
+    let http_target = format!("127.0.0.1:{}", http.port());
+    let rules = [target.clone(), banner_target.clone(), http_target.clone()];
+    let (proxy, addr) = start_proxy(&rules, no_names(), Caps::default());
+    let commands = "SET key value\r\nPING\r\n";
+    let post = |path: &str| {
+        format!("POST {path} HTTP/1.1\r\nHost: {target}\r\nContent-Length: {}\r\n\r\n{commands}", commands.len())
+    };
+
+    let forwarded = exchange(addr, post(&format!("http://{target}/")).as_bytes());
+    let (mut tunnel, head) = connect(addr, &target, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    tunnel.write_all(post("/").as_bytes()).unwrap();
+    let mut tunnelled = String::new();
+    let _ = tunnel.read_to_string(&mut tunnelled);
+    // A request sent with the CONNECT, before the proxy's answer.
+    let pipelined = exchange(
+        addr,
+        format!("CONNECT {banner_target} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nHost: {banner_target}\r\n\r\n").as_bytes(),
+    );
+    let (mut tunnel, _) = connect(addr, &banner_target, "");
+    tunnel.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut half_closed = String::new();
+    let _ = tunnel.read_to_string(&mut half_closed);
+    for (how, answer) in [("forwarded", &forwarded), ("tunnelled", &tunnelled), ("pipelined", &pipelined)] {
+        assert!(!answer.contains("+OK") && !answer.contains("220 service"), "{how}: {answer:?}");
+    }
+    assert_eq!(half_closed, "", "the banner reached a client that had sent nothing");
+
+    // An HTTP server's answer passes, told to be the connection's last.
+    let answer =
+        exchange(addr, format!("GET http://{http_target}/page HTTP/1.1\r\nHost: {http_target}\r\n\r\n").as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\nConnection: close\r\n"), "{answer}");
+    assert!(answer.ends_with("hello from /page"), "{answer}");
+
+    let events = proxy.finish().record.connections;
+    let refusals: Vec<&str> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
+    let not_http = refusals.iter().filter(|r| r.contains("did not answer as an HTTP server")).count();
+    assert_eq!(not_http, 3, "{events:?}");
+}
