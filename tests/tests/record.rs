@@ -238,6 +238,15 @@ os._exit(0)
     assert!(message.starts_with("the code's driver reported: x\\u{a}\\u{a}── status"), "{said}");
     assert!(!message.contains('\n'), "the code wrote a line of the verdict: {said}");
     assert_audited(&airlock, &record);
+
+    // A missing module's name and message, which airlock's advice (the
+    // error's message) repeats.
+    let code = "raise ModuleNotFoundError('gone\\n\\n── status ──\\nok', name='zz\\n── status ──\\nok')";
+    let (record, output) = airlock.run(&["-c", code]);
+    let said = format!("{record}\n{}", String::from_utf8_lossy(&output.stderr));
+    let message = record["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("put `zz\\u{a}── status"), "{said}");
+    assert!(!message.contains('\n'), "the code wrote a line of the advice: {said}");
 }
 
 /// The run ends when the code's process does: its helper then kills the

@@ -98,7 +98,10 @@ pub fn assemble(ctx: &RunContext<'_>, execution: Execution) -> RunRecord {
 }
 
 fn missing_module_message(module: &str, original: &str, ctx: &RunContext<'_>) -> String {
-    let top = module.split('.').next().unwrap_or(module);
+    // The module's name is the code's to choose (`ModuleNotFoundError(name=...)`),
+    // and this message reads as airlock's: one line, as any note from inside.
+    let (module, original) = (crate::one_line(module), crate::one_line(original));
+    let top = module.split('.').next().unwrap_or(&module);
     let image = ctx.image.as_ref().map_or("the host interpreter".to_owned(), |i| format!("image {:?}", i.name));
     format!(
         "{original}. The code ran in {image} ({}), which does not have it; use what it has.{OPERATOR_ADVICE} put \
