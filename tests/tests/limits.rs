@@ -231,6 +231,40 @@ time.sleep(0.3)
     assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
 }
 
+/// The main thread may exit alone (a raw `exit`, not `exit_group`) and
+/// leave its threads the descriptor table; the process's own descriptor
+/// folder is then empty, and the open-files limit a thread reached went
+/// unlisted. Before the fix: 61 files held with the limit at 64, nothing
+/// listed.
+#[test]
+fn the_open_file_limit_is_counted_after_the_main_thread_has_gone() {
+    let mut policy = Policy::default();
+    policy.limits.open_files = 64;
+    let record = python(
+        policy,
+        r#"
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_exit = {"x86_64": 60, "aarch64": 93}[os.uname().machine]
+held = []
+def hold():
+    time.sleep(0.1)
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    os.write(1, f"{len(held) < 64}\n".encode())
+    time.sleep(0.5)
+    os._exit(0)
+threading.Thread(target=hold).start()
+libc.syscall(SYS_exit, 0)
+"#,
+    );
+    assert_eq!(record.stdout.trim(), "True", "{record:?}");
+    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
+}
+
 /// Memory and socket buffers together past the memory limit: cgroup v2
 /// counts them as one and stops the run at the limit; v1 gives TCP buffers
 /// a counter of their own, limited apart, so a run held its limit in memory

@@ -131,17 +131,29 @@ impl<'a> Sampler<'a> {
 }
 
 /// How many descriptors `pid` holds; `None` when it may not be counted.
-/// A process that is gone holds none.
+/// A process that is gone holds none. Its threads share one table (seccomp
+/// refuses them tables of their own), read through the process, or, once
+/// its main thread has exited alone and holds none, through a thread left.
 fn count_descriptors(pid: i32, counting: Counting) -> Option<u64> {
-    let dir = format!("/proc/{pid}/fd");
+    let held = count_in(&format!("/proc/{pid}/fd"), counting);
+    if held != Some(0) {
+        return held;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return held };
+    let threads = tasks.flatten().filter(|task| task.file_name().to_str() != Some(&pid.to_string()));
+    threads.filter_map(|task| count_in(&format!("{}/fd", task.path().display()), counting)).max().or(held)
+}
+
+/// How many entries the descriptor folder `dir` holds.
+fn count_in(dir: &str, counting: Counting) -> Option<u64> {
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     match counting {
-        Counting::Size => match rustix::fs::stat(dir.as_str()) {
+        Counting::Size => match rustix::fs::stat(dir) {
             Ok(stat) => Some(stat.st_size as u64),
             Err(e) if gone(&e.into()) => Some(0),
             Err(_) => None,
         },
-        Counting::Listing => match std::fs::read_dir(&dir) {
+        Counting::Listing => match std::fs::read_dir(dir) {
             Ok(entries) => Some(entries.count() as u64),
             Err(e) if gone(&e) => Some(0),
             Err(_) => None,
