@@ -254,7 +254,7 @@ os._exit(0)
 /// make (here, 48 processes holding 8 MiB each). The code's process exits
 /// within its wall limit; the helper's report may come after the limit,
 /// and the run was then recorded as a `timeout` with exit code 0. Now the
-/// helper says how long the code's process ran, and a kill at the wall
+/// helper says when it reaped the code's process, and a kill at the wall
 /// limit that came while the helper was ending the run names no limit. A
 /// code that does outlive its limit is still a `timeout`.
 ///

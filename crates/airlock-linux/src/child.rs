@@ -207,14 +207,11 @@ fn run(plan: &RunPlan, fds: Vec<OwnedFd>, socket: BorrowedFd<'_>, own_network: b
     }
     let reply =
         Reply::CodeStarted { code_pid: code.child.pid, layers: code.layers.clone(), landlock_abi: sys::landlock_abi() };
-    // Before the supervisor starts its clock, on this word: what the helper
-    // measures of the code's run is never less than what the supervisor does.
-    let code_starting = std::time::Instant::now();
     protocol::send(socket, &reply, &[]).map_err(|e| Failure::new("report the code's start", "", &e))?;
 
     let ended = observe::until_ended(code.child.pidfd.as_fd(), init.child.pidfd.as_fd(), init.socket.as_fd(), socket)?;
-    let code_ran_for = Some(ended.code_reaped_at.saturating_duration_since(code_starting));
-    protocol::send(socket, &Reply::Ended { code: ended.code, init_first: ended.init_first, code_ran_for }, &[])
+    let code_reaped_ns = Some(ended.code_reaped_ns);
+    protocol::send(socket, &Reply::Ended { code: ended.code, init_first: ended.init_first, code_reaped_ns }, &[])
         .map_err(|e| Failure::new("report the code's end", "", &e))
 }
 

@@ -17,9 +17,10 @@ pub struct Ended {
     /// How the init ended, when it died before the code did (the kernel
     /// then killed every process of the run, the code among them).
     pub init_first: Option<ProcessEnd>,
-    /// When the code's process was reaped: before the rest of the run was
-    /// ended, which may take as long as the code's other processes make it.
-    pub code_reaped_at: std::time::Instant,
+    /// When the code's process was reaped (CLOCK_MONOTONIC, ns, taken just
+    /// after): before the rest of the run was ended, which may take as long
+    /// as the code's other processes make it.
+    pub code_reaped_ns: u64,
 }
 
 /// Helper side: waits until the code's process has ended, then ends the run
@@ -39,7 +40,7 @@ pub fn until_ended(
 ) -> Result<Ended, Failure> {
     let step = "watch the code";
     let mut code_end = None;
-    let mut code_reaped_at = std::time::Instant::now();
+    let mut code_reaped_ns = 0;
     let mut init_end = None;
     let mut init_died_first = false;
     while code_end.is_none() || init_end.is_none() {
@@ -74,7 +75,7 @@ pub fn until_ended(
         if code_ready {
             code_end = reap(code).map_err(|e| Failure::new(step, "wait for the code", &e.into()))?;
             if code_end.is_some() {
-                code_reaped_at = std::time::Instant::now();
+                code_reaped_ns = crate::sys::monotonic_ns();
                 init_died_first = hung_up(init_socket);
                 // The code is done: end whatever it left behind.
                 let _ = pidfd_send_signal(init, Signal::KILL);
@@ -85,7 +86,7 @@ pub fn until_ended(
         }
     }
     match code_end {
-        Some(code) => Ok(Ended { code, init_first: init_end.filter(|_| init_died_first), code_reaped_at }),
+        Some(code) => Ok(Ended { code, init_first: init_end.filter(|_| init_died_first), code_reaped_ns }),
         None => Err(Failure::plain(step, "the code's end was not seen")),
     }
 }

@@ -277,11 +277,10 @@ pub enum Reply {
     /// the helper's child, outside the init's reach.
     CodeStarted { code_pid: i32, layers: Vec<Layer>, landlock_abi: Option<u32> },
     /// The code's process ended, and with it the run: how it ended, as its
-    /// parent saw it, and how the init ended if it died first; and how long
-    /// the code's process ran until it was reaped, before the helper ended
-    /// the rest, counted from just before [`Reply::CodeStarted`] was sent
-    /// (at least what the supervisor's clock, started on that word, counts).
-    Ended { code: ProcessEnd, init_first: Option<ProcessEnd>, code_ran_for: Option<std::time::Duration> },
+    /// parent saw it, and how the init ended if it died first; and when
+    /// (CLOCK_MONOTONIC, ns, taken just after) the helper reaped the code's
+    /// process, before it ended the rest of the run.
+    Ended { code: ProcessEnd, init_first: Option<ProcessEnd>, code_reaped_ns: Option<u64> },
     /// A step failed; nothing after it ran.
     Failed(Failure),
 }

@@ -376,6 +376,9 @@ struct Run<'a, 'w, 'p, 'g> {
     roots: Vec<i32>,
     spawned_at: Instant,
     started_at: Option<Instant>,
+    /// `started_at` on CLOCK_MONOTONIC (ns), taken just before it: what the
+    /// helper's word of the code's end is compared with.
+    started_ns: Option<u64>,
     ended_at: Option<Instant>,
     killed_at: Option<Instant>,
     next_check: Instant,
@@ -510,6 +513,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             roots: Vec::new(),
             spawned_at: now,
             started_at: None,
+            started_ns: None,
             ended_at: None,
             killed_at: None,
             next_check: now + CHECK_INTERVAL,
@@ -591,6 +595,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
             roots: Vec::new(),
             spawned_at: now,
             started_at: None,
+            started_ns: None,
             ended_at: None,
             killed_at: None,
             next_check: now + CHECK_INTERVAL,
@@ -824,6 +829,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         } else {
             drop(listener);
         }
+        self.started_ns = Some(crate::sys::monotonic_ns());
         let now = Instant::now();
         self.stdin = self.stdin_held.take().map(|fd| Feed { fd, bytes: release.stdin, written: 0 });
         // Our end stays open until the run is over: a FIFO whose every end
@@ -903,7 +909,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
                 }
             },
             FromTemplate::Ended { code, init_first } => {
-                self.on_reply(Reply::Ended { code, init_first, code_ran_for: None }, Vec::new())
+                self.on_reply(Reply::Ended { code, init_first, code_reaped_ns: None }, Vec::new())
             }
             FromTemplate::Failed(failure) => self.on_reply(Reply::Failed(failure), Vec::new()),
             FromTemplate::Ready => self.fail("the template sent an unexpected message".to_owned()),
@@ -927,19 +933,22 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
                 self.roots.push(code_pid);
                 // A warm run's clock starts when a claim releases its code.
                 if !self.wants_code {
+                    self.started_ns = Some(crate::sys::monotonic_ns());
                     let now = Instant::now();
                     self.started_at = Some(now);
                     self.sampler.start(now);
                 }
             }
-            Reply::Ended { code, init_first, code_ran_for } => {
+            Reply::Ended { code, init_first, code_reaped_ns } => {
                 // The wall clock stopped the run while the helper was ending
-                // it, the code's process already gone within its limit: the
-                // rest took the time (its other processes dying, which the
-                // code may make slow), not the code. (A warm run's helper
-                // counts its preload too: it errs long, never short.)
+                // it, the code's process already reaped within its limit:
+                // the rest took the time (its other processes dying, which
+                // the code may make slow), not the code. Both times err
+                // toward the limit: the start taken before the supervisor's,
+                // the reaping after the helper's.
+                let deadline_ns = self.started_ns.map(|ns| ns.saturating_add(self.wall_time.as_nanos() as u64));
                 if self.observed.killed == Some(KillReason::WallTime)
-                    && code_ran_for.is_some_and(|ran| ran < self.wall_time)
+                    && code_reaped_ns.zip(deadline_ns).is_some_and(|(reaped, deadline)| reaped < deadline)
                 {
                     self.observed.killed = None;
                 }

@@ -237,6 +237,13 @@ pub fn loopback_up() -> io::Result<()> {
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &raw const req) }.into()).map(drop)
 }
 
+/// CLOCK_MONOTONIC now, in nanoseconds: a time the helper and the
+/// supervisor (processes of one host, in one time namespace) compare.
+pub fn monotonic_ns() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
+}
+
 /// The Landlock ABI version of the running kernel, or `None` without Landlock.
 pub fn landlock_abi() -> Option<u32> {
     landlock_version().ok()
