@@ -174,12 +174,19 @@ fn cpu_time_is_limited_across_every_process() {
     assert!(record.usage.cpu_ms.unwrap() >= 1000);
 }
 
-#[test]
-fn the_open_file_limit_holds_and_is_reported() {
+/// Runs `code` with at most 64 open files, and asserts the record lists
+/// the open-files limit.
+fn with_64_open_files(code: &str) -> airlock::RunRecord {
     let mut policy = Policy::default();
     policy.limits.open_files = 64;
-    let record = python(
-        policy,
+    let record = python(policy, code);
+    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record);
+    record
+}
+
+#[test]
+fn the_open_file_limit_holds_and_is_reported() {
+    let record = with_64_open_files(
         r#"
 import errno, time
 held = []
@@ -192,7 +199,6 @@ time.sleep(0.3)
 "#,
     );
     assert_eq!(record.stdout.trim(), "EMFILE True", "{record:?}");
-    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
 }
 
 /// RLIMIT_NOFILE caps each descriptor table, and a thread may ask for one
@@ -203,10 +209,7 @@ time.sleep(0.3)
 /// than the run's 64 files, and the record named no limit.
 #[test]
 fn a_thread_cannot_take_a_descriptor_table_of_its_own() {
-    let mut policy = Policy::default();
-    policy.limits.open_files = 64;
-    let record = python(
-        policy,
+    let record = with_64_open_files(
         r#"
 import ctypes, errno, threading, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -228,7 +231,6 @@ time.sleep(0.3)
 "#,
     );
     assert_eq!(record.stdout.trim(), "['EPERM', 'EPERM', 'EPERM', 'EPERM'] True", "{record:?}");
-    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
 }
 
 /// The main thread may exit alone (a raw `exit`, not `exit_group`) and
@@ -238,10 +240,7 @@ time.sleep(0.3)
 /// listed.
 #[test]
 fn the_open_file_limit_is_counted_after_the_main_thread_has_gone() {
-    let mut policy = Policy::default();
-    policy.limits.open_files = 64;
-    let record = python(
-        policy,
+    let record = with_64_open_files(
         r#"
 import ctypes, os, threading, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -262,7 +261,6 @@ libc.syscall(SYS_exit, 0)
 "#,
     );
     assert_eq!(record.stdout.trim(), "True", "{record:?}");
-    assert!(record.limits_hit.contains(&Limit::OpenFiles), "{:?}", record.limits_hit);
 }
 
 /// Memory and socket buffers together past the memory limit: cgroup v2

@@ -498,9 +498,9 @@ impl LinuxInstance {
         limits.cpu_time = lowered.cpu_time.unwrap_or(limits.cpu_time);
         // The peak counts socket buffers, which cgroup v1 limits apart
         // (`cgroup::v1`): past the limit in all, the run reached it (on v1
-        // the sum of two peaks, an upper bound). (Not
-        // where a claim lowered the limit: the peak is the cgroup's, its
-        // preload's included, and the claim was refused if it held more.)
+        // the sum of two peaks, an upper bound). Not where a claim lowered
+        // the limit: the peak is the cgroup's, its preload's included, and
+        // the claim was refused if it held more.
         if lowered.memory_bytes.is_none() && stats.peak_memory_bytes.is_some_and(|peak| peak > limits.memory_bytes) {
             seen.reached.insert(Limit::Memory);
         }

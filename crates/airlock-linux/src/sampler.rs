@@ -140,8 +140,7 @@ fn count_descriptors(pid: i32, counting: Counting) -> Option<u64> {
         return held;
     }
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return held };
-    let threads = tasks.flatten().filter(|task| task.file_name().to_str() != Some(&pid.to_string()));
-    threads.filter_map(|task| count_in(&format!("{}/fd", task.path().display()), counting)).max().or(held)
+    tasks.flatten().filter_map(|task| count_in(&format!("{}/fd", task.path().display()), counting)).max().or(held)
 }
 
 /// How many entries the descriptor folder `dir` holds.

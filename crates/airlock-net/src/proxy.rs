@@ -538,11 +538,6 @@ fn tunnel(
     reply.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").map_err(|_| Stop::Ended)?;
     // Both protocols a tunnel may carry begin with the client: until it has
     // spoken, nothing passes, and a server that speaks first is refused.
-    let refused = |reason: String| {
-        connection.deny(&reason);
-        shutdown_both(client, &upstream);
-        Ok(())
-    };
     match tunnel_opening(run, client, &upstream, early, &host, port) {
         Ok(Opening::Tls { data, hello }) => {
             if let Err((end, direction)) = tls_answered(run, connection, client, &upstream, &data[..hello], &host, port)
@@ -571,7 +566,11 @@ fn tunnel(
             shutdown_both(client, &upstream);
             Ok(())
         }
-        Err(reason) => refused(reason),
+        Err(reason) => {
+            connection.deny(&reason);
+            shutdown_both(client, &upstream);
+            Ok(())
+        }
     }
 }
 

@@ -437,13 +437,17 @@ pub fn client_hello(random: &[u8; 32]) -> Vec<u8> {
     record
 }
 
+/// What [`line_service`] sends first when asked to speak first.
+pub const BANNER: &str = "220 service ready\r\n";
+
 /// A line-based service on loopback (a cache's, a mail server's) on a port
-/// an operator allowed: it answers each line it reads, after an optional
-/// banner. Returns its port and the lines it read.
-pub fn line_service(banner: Option<&'static str>) -> (u16, Arc<Mutex<Vec<String>>>) {
-    serve_each_logging(move |mut stream, log| {
-        if let Some(banner) = banner {
-            let _ = stream.write_all(banner.as_bytes());
+/// an operator allowed: it answers each line it reads, after [`BANNER`] if
+/// it `speaks_first`. Returns its address (`127.0.0.1:PORT`) and the lines
+/// it read.
+pub fn line_service(speaks_first: bool) -> (String, Arc<Mutex<Vec<String>>>) {
+    let (port, lines) = serve_each_logging(move |mut stream, log| {
+        if speaks_first {
+            let _ = stream.write_all(BANNER.as_bytes());
         }
         let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
         let mut line = Vec::new();
@@ -453,5 +457,6 @@ pub fn line_service(banner: Option<&'static str>) -> (u16, Arc<Mutex<Vec<String>
             let _ = stream.write_all(format!("+OK {text}\r\n").as_bytes());
             line.clear();
         }
-    })
+    });
+    (format!("127.0.0.1:{port}"), lines)
 }
