@@ -193,6 +193,14 @@ impl LinuxInstance {
         self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain_mut(|e| !e.try_reap());
     }
 
+    /// Kills and reaps every helper set aside as ending: each has handed
+    /// its sandbox over, so what is left of it is only its exit. For a
+    /// sandbox about to wait for a claim, however long, where one that
+    /// exits after a try would stay a zombie through the whole wait.
+    fn end_ending(&self) {
+        drop(std::mem::take(&mut *self.ending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)));
+    }
+
     /// Runs `job` as `mode` says (warm or a template: the job then only
     /// gives the language).
     pub(crate) fn run_as(&self, job: &Job, kill: &KillSwitch, mode: Mode<'_, '_>) -> Result<Execution, SandboxError> {
@@ -317,14 +325,14 @@ impl LinuxInstance {
         };
         self.reap_ending();
         // A warm run waits in its gate for as long as its pool keeps it: the
-        // sandbox's setup helper, which exited while the preload imported,
-        // is reaped before the wait, not left a zombie through it.
+        // sandbox's setup helper, done since the preload began, is ended and
+        // reaped before the wait, not left a zombie through it.
         let mut reaping_gate;
         let (gate, stdin) = match mode {
             Mode::Cold => (None, None),
             Mode::Warm(warm) => {
                 reaping_gate = |waiting: &supervise::Waiting<'_>| {
-                    self.reap_ending();
+                    self.end_ending();
                     (warm.gate)(waiting)
                 };
                 (Some(&mut reaping_gate as &mut supervise::Gate<'_>), None)

@@ -405,7 +405,7 @@ pub(crate) fn start_setup(
         .map_err(|e| SandboxError::io("starting the sandbox helper", e))?;
     // Killed and reaped unless it hands the sandbox over: a helper stuck (on
     // a hung mount, say) must not hold the caller forever.
-    let ending = supervise::Ending(child);
+    let ending = supervise::Ending::new(child);
     protocol::send_request(socket.as_fd(), &Request::Setup(plan), &[])
         .map_err(|e| SandboxError::io("talking to the helper", e))?;
     let next = next_for_run();

@@ -77,7 +77,7 @@ impl SpareHelper {
         let (child, socket) = self.started.take()?;
         drop(socket);
         // Made only when it is ours: an `Ending` dropped kills and reaps.
-        if self.process == std::process::id() { Some(Ending(child)) } else { None }
+        if self.process == std::process::id() { Some(Ending::new(child)) } else { None }
     }
 
     fn spawn(helper: &Path, args: &[&str]) -> Option<SpareHelper> {
@@ -102,7 +102,7 @@ impl SpareHelper {
             Ok(None) => Ok((child, socket)),
             // It has exited (someone killed it), and is reaped now.
             Ok(Some(_)) => Err(None),
-            Err(_) => Err(Some(Ending(child))),
+            Err(_) => Err(Some(Ending::new(child))),
         }
     }
 }
@@ -113,7 +113,7 @@ impl Drop for SpareHelper {
         if let Some((child, socket)) = self.started.take() {
             drop(socket);
             if self.process == std::process::id() {
-                drop(Ending(child));
+                drop(Ending::new(child));
             }
         }
     }

@@ -308,19 +308,36 @@ pub(crate) fn run_forked(
 /// Dropping it reaps it: it is killed first, so that dropping it waits for
 /// nothing but the kernel.
 #[derive(Debug)]
-pub struct Ending(pub(crate) Child);
+pub struct Ending(Option<Child>);
 
 impl Ending {
-    /// Reaps it if it has exited; whether it has.
+    pub(crate) fn new(helper: Child) -> Self {
+        Self(Some(helper))
+    }
+
+    /// Reaps it if it has exited; whether it is gone. A helper whose state
+    /// cannot be read (reaped elsewhere, so its pid may be another
+    /// process's by now) is gone too, and forgotten: dropping it then
+    /// signals no pid.
     pub fn try_reap(&mut self) -> bool {
-        self.0.try_wait().map_or(true, |status| status.is_some())
+        let Some(helper) = &mut self.0 else { return true };
+        match helper.try_wait() {
+            Ok(status) => status.is_some(),
+            Err(_) => {
+                self.0 = None;
+                true
+            }
+        }
     }
 }
 
 impl Drop for Ending {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Some(helper) = &mut self.0 {
+            // Once `try_wait` has seen it exit, `kill` signals nothing.
+            let _ = helper.kill();
+            let _ = helper.wait();
+        }
     }
 }
 
@@ -1089,7 +1106,7 @@ impl<'a, 'w, 'p, 'g> Run<'a, 'w, 'p, 'g> {
         }
         observed.stdout = self.stdout.finish();
         observed.stderr = self.stderr.finish();
-        let ending = self.helper.filter(|_| !self.helper_done).map(Ending);
+        let ending = self.helper.filter(|_| !self.helper_done).map(Ending::new);
         (self.observed, ending.into_iter().chain(self.refused).collect())
     }
 }
