@@ -544,9 +544,12 @@ fn a_request_may_lower_a_limit_but_never_raise_one_past_the_ceiling() {
 
 #[test]
 fn a_burst_past_the_slots_and_the_queue_gets_429_with_retry_after() {
-    let server = Server::start("concurrency = 1\nqueue = 1", &[]);
+    // Four places (one slot, three waiting) and three tokens: Alice's burst
+    // takes two, and one is kept for each of Bob and the auditor, who hold none.
+    // Before places were kept, her burst took all four and Bob's run got 429.
+    let server = Server::start("concurrency = 1\nqueue = 3", &[]);
     let body = json!({"code": "import time; time.sleep(1.5)"});
-    let answers: Vec<(StatusCode, Option<String>, Value)> = std::thread::scope(|scope| {
+    let (answers, bob): (Vec<(StatusCode, Option<String>, Value)>, _) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..6)
             .map(|_| {
                 scope.spawn(|| {
@@ -557,17 +560,24 @@ fn a_burst_past_the_slots_and_the_queue_gets_429_with_retry_after() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        // Once Alice's burst is in (each of her runs sleeps 1.5 s).
+        std::thread::sleep(Duration::from_millis(500));
+        let bob = json_of(server.post_run(BOB, &json!({"code": "print('bob ran')"})));
+        (handles.into_iter().map(|h| h.join().unwrap()).collect(), bob)
     });
     let ok: Vec<_> = answers.iter().filter(|a| a.0 == StatusCode::OK).collect();
     let busy: Vec<_> = answers.iter().filter(|a| a.0 == StatusCode::TOO_MANY_REQUESTS).collect();
     assert_eq!(ok.len() + busy.len(), 6, "only 200 and 429: {answers:#?}");
-    assert_eq!(ok.len(), 2, "one running and one queued: {answers:#?}");
+    assert_eq!(ok.len(), 2, "two places of four, the rest kept for the other tokens: {answers:#?}");
     for (_, retry, json) in &busy {
         let seconds: u64 = retry.as_deref().unwrap().parse().unwrap();
         assert!((1..=60).contains(&seconds), "{seconds}");
         assert_eq!(json["error"]["code"], "busy");
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(message.contains("kept for callers that have none"), "{message}");
     }
+    assert_eq!(bob.0, StatusCode::OK, "Alice's burst left Bob no place: {:#}", bob.1);
+    assert_eq!(bob.1["stdout"], "bob ran\n", "{:#}", bob.1);
     let metrics = server.get(ALICE, "/metrics").text().unwrap();
     assert!(metrics.contains("airlock_runs_rejected_total{reason=\"busy\"} 4\n"), "{metrics}");
 }
@@ -1149,6 +1159,34 @@ fn mcp_results_fit_the_operators_budget_and_link_the_rest() {
     assert_eq!(server.get(BOB, &format!("/v1/runs/{run_id}/artifacts/0")).status(), StatusCode::NOT_FOUND);
     let refused = mcp_sdk_client(&["http", &server.url("/mcp"), BOB], &json!([{"read": uri}])).unwrap();
     assert!(refused["results"][0]["error"].is_string(), "{refused}");
+}
+
+/// One token's runs fill the artefact store; another token's artefact,
+/// older than all of them, is still there to fetch. Before each token's
+/// artefacts were trimmed apart, Bob's runs pushed Alice's out (410).
+#[test]
+fn one_tokens_artefacts_never_push_out_anothers() {
+    let server = Server::start("artifact_store_bytes = 1000000", &[]);
+    let write = |bytes: usize| {
+        json!({"code": format!("import os\nopen('/work/out.bin', 'wb').write(os.urandom({bytes}))"),
+               "outputs": ["/work/out.bin"]})
+    };
+    let (status, alice) = json_of(server.post_run(ALICE, &write(300_000)));
+    assert_eq!(status, StatusCode::OK, "{alice:#}");
+    let alices = format!("/v1/runs/{}/artifacts/0", alice["id"].as_str().unwrap());
+    let mut bobs = Vec::new();
+    for _ in 0..4 {
+        let (status, bob) = json_of(server.post_run(BOB, &write(300_000)));
+        assert_eq!(status, StatusCode::OK, "{bob:#}");
+        bobs.push(format!("/v1/runs/{}/artifacts/0", bob["id"].as_str().unwrap()));
+    }
+    let kept = server.get(ALICE, &alices);
+    assert_eq!(kept.status(), StatusCode::OK, "Bob's runs pushed Alice's artefact out: {:?}", kept.text());
+    assert_eq!(kept.bytes().unwrap().len(), 300_000);
+    // Bob's own oldest went to make room, and says so.
+    let gone = server.get(BOB, &bobs[0]);
+    assert_eq!(gone.status(), StatusCode::GONE, "{:?}", gone.text());
+    assert_eq!(server.get(BOB, &bobs[3]).status(), StatusCode::OK);
 }
 
 #[test]

@@ -5,13 +5,15 @@
 //! ```toml
 //! listen = "127.0.0.1:8750"     # where `airlock serve` listens
 //! concurrency = 2               # runs at once [default: the number of cores]
-//! queue = 8                     # runs waiting for a slot; past it, 429 [default: 4 x concurrency]
+//! queue = 8                     # runs waiting for a slot; past it, 429 [default: 4 x concurrency].
+//!                               # Each token with none running or waiting keeps one place
 //! max_body_bytes = 33554432     # request bodies above this get 413 [default: 32 MiB]
 //! grace_period_s = 10           # on SIGTERM, how long running runs may finish [default: 10]
 //! mcp_result_bytes = 262144     # the most one MCP tool result carries [default: 256 KiB]; past it,
 //!                               # output is cut and files, figures and images become resource links
 //! artifact_store_bytes = 1073741824  # artefacts kept for GET /v1/runs/{id}/artifacts/{index} and MCP
-//!                               # resource links, oldest dropped first [default: 1 GiB]
+//!                               # resource links, the oldest of the token holding the most
+//!                               # dropped first [default: 1 GiB]
 //! image = "python-data"         # the runtime image [default: python-data], or:
 //! # python = "/usr/bin/python3" # a host interpreter as it is
 //! # audit_db = "/var/lib/airlock/audit.sqlite3"  # [default: audit.sqlite3 in the data directory]

@@ -1,6 +1,6 @@
 //! The engine both front doors share: it turns a request into a policy and a
 //! [`RunRequest`], admits it to a bounded number of slots behind a bounded
-//! queue, runs it on a blocking thread through the facade, records it, and
+//! queue (each token that holds no place keeping one, see [`crate::places`]), runs it on a blocking thread through the facade, records it, and
 //! stops everything on shutdown. No sandbox logic lives here.
 
 use std::collections::BTreeMap;
@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::artifacts::ArtifactStore;
 use crate::config::Settings;
 use crate::metrics::{Gauges, Metrics, Rejection};
+use crate::places::{Place, Places, Principal, Refusal};
 
 /// The shortest and longest wait a client refused with 429 is told.
 pub const RETRY_AFTER_MIN: Duration = Duration::from_secs(1);
@@ -51,6 +52,13 @@ pub enum RunError {
     /// Every slot and the queue are full (429).
     #[error("the server is running {slots} runs with {queue} more waiting; try again in {} s", retry_after.as_secs())]
     Busy { slots: usize, queue: usize, retry_after: Duration },
+    /// The caller holds `held` places, and the rest are kept for tokens
+    /// that hold none (429).
+    #[error(
+        "this caller has {held} runs running or waiting, and the server's other places are kept for callers that have none; try again in {} s",
+        retry_after.as_secs()
+    )]
+    CallerBusy { held: usize, retry_after: Duration },
     /// The server is shutting down (503).
     #[error("the server is shutting down and takes no more runs")]
     ShuttingDown,
@@ -110,6 +118,9 @@ pub struct Engine {
     settings: Settings,
     audit: Arc<AuditStore>,
     slots: Arc<Semaphore>,
+    /// The places (slots and queue) and who holds them.
+    places: Arc<Places>,
+    /// Runs waiting for a slot, for the gauge.
     waiting: AtomicUsize,
     metrics: Metrics,
     active: Mutex<BTreeMap<u64, KillSwitch>>,
@@ -133,6 +144,10 @@ impl Engine {
             artifacts,
             run_schema: crate::request::run_body_schema(&settings),
             slots: Arc::new(Semaphore::new(settings.concurrency)),
+            places: Places::new(
+                settings.concurrency + settings.queue,
+                settings.tokens.iter().map(|token| token.name.clone()).collect(),
+            ),
             settings,
             audit,
             waiting: AtomicUsize::new(0),
@@ -239,8 +254,8 @@ impl Engine {
         cancel: CancellationToken,
     ) -> Result<RunRecord, RunError> {
         let prepared = self.prepare(job)?;
-        let permit = tokio::select! {
-            permit = self.admit() => permit?,
+        let admitted = tokio::select! {
+            admitted = self.admit(principal.clone()) => admitted?,
             () = cancel.cancelled() => return Err(RunError::BadRequest {
                 field: String::new(),
                 message: "the caller cancelled the run before it started".to_owned(),
@@ -252,7 +267,7 @@ impl Engine {
         let run = {
             let stop = stop.clone();
             let cancel = cancel.clone();
-            self.tasks.spawn_blocking(move || engine.execute(prepared, audit, permit, &cancel, &stop))
+            self.tasks.spawn_blocking(move || engine.execute(prepared, audit, admitted, &cancel, &stop))
         };
         let outcome = run.await.map_err(|error| RunError::Sandbox(format!("the run's thread failed: {error}")))?;
         let record = outcome?;
@@ -315,11 +330,12 @@ impl Engine {
         &self,
         prepared: Prepared,
         audit: Audit,
-        _slot: OwnedSemaphorePermit,
+        _admitted: (Place, OwnedSemaphorePermit),
         cancel: &CancellationToken,
         stopped: &Arc<OnceLock<StopReason>>,
     ) -> Result<RunRecord, RunError> {
         let Prepared { policy, files, request } = prepared;
+        let principal = audit.principal.clone();
         let sandbox = match &self.pool {
             Some(pool) => pool.sandbox(&policy),
             None => Sandbox::with_runtime(policy, self.settings.runtime.clone()),
@@ -351,18 +367,19 @@ impl Engine {
         };
         self.metrics.record_run(record.status, record.usage.wall_ms);
         drop(sandbox);
-        self.keep_artifacts(record);
+        self.keep_artifacts(principal.as_deref(), record);
         result.map_err(|(record, error)| RunError::Unrecorded { run_id: record.id.clone(), error })
     }
 
-    /// Keeps the artefacts and figures a run returned, for links to them.
-    fn keep_artifacts(&self, record: &RunRecord) {
+    /// Keeps the artefacts and figures a run of `principal`'s returned, for
+    /// links to them.
+    fn keep_artifacts(&self, principal: Option<&str>, record: &RunRecord) {
         let artifacts =
             record.artifacts.iter().filter_map(|a| Some((&a.path, a.content_base64.as_ref()?, a.sha256.as_ref()?)));
         let figures = record.figures.iter().filter_map(|f| Some((&f.name, f.png_base64.as_ref()?, &f.sha256)));
         for (name, b64, sha256) in artifacts.chain(figures) {
             let Ok(data) = base64::engine::general_purpose::STANDARD.decode(b64.as_bytes()) else { continue };
-            if let Err(error) = self.artifacts.put(sha256, &data) {
+            if let Err(error) = self.artifacts.put(principal, sha256, &data) {
                 // The run and its record stand; only the later link is lost.
                 eprintln!("airlock: could not keep {name} of run {}: {error}", record.id);
             }
@@ -411,26 +428,31 @@ impl Engine {
         Ok(Prepared { policy, files, request })
     }
 
-    /// A slot now, or after waiting in the queue, or a refusal when the
-    /// queue is full or the server is shutting down.
-    async fn admit(&self) -> Result<OwnedSemaphorePermit, RunError> {
-        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
-            return Ok(permit);
-        }
-        let waiting = Waiting::join(&self.waiting, self.settings.queue).ok_or_else(|| {
+    /// A place and a slot now, or a place and a slot after waiting in the
+    /// queue, or a refusal when `principal` may have no place or the
+    /// server is shutting down. Both are held until the run ends.
+    async fn admit(&self, principal: Principal) -> Result<(Place, OwnedSemaphorePermit), RunError> {
+        let place = self.places.take(principal).map_err(|refusal| {
             self.metrics.record_rejection(Rejection::Busy);
-            RunError::Busy {
-                slots: self.settings.concurrency,
-                queue: self.settings.queue,
-                retry_after: self.retry_after(),
+            let retry_after = self.retry_after();
+            match refusal {
+                Refusal::Full => {
+                    RunError::Busy { slots: self.settings.concurrency, queue: self.settings.queue, retry_after }
+                }
+                Refusal::KeptForOthers { held } => RunError::CallerBusy { held, retry_after },
             }
         })?;
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return Ok((place, permit));
+        }
+        let waiting = Waiting::join(&self.waiting);
         let permit = self.slots.clone().acquire_owned().await;
         drop(waiting);
-        permit.map_err(|_closed| {
+        let permit = permit.map_err(|_closed| {
             self.metrics.record_rejection(Rejection::ShuttingDown);
             RunError::ShuttingDown
-        })
+        })?;
+        Ok((place, permit))
     }
 }
 
@@ -498,16 +520,13 @@ impl Drop for Registered<'_> {
     }
 }
 
-/// A place in the queue, given back when dropped (the run got a slot, or
-/// its caller went away).
+/// A run waiting for a slot, counted for the gauge while it waits.
 struct Waiting<'a>(&'a AtomicUsize);
 
 impl<'a> Waiting<'a> {
-    fn join(waiting: &'a AtomicUsize, capacity: usize) -> Option<Waiting<'a>> {
-        waiting
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < capacity).then_some(n + 1))
-            .ok()
-            .map(|_| Waiting(waiting))
+    fn join(waiting: &'a AtomicUsize) -> Waiting<'a> {
+        waiting.fetch_add(1, Ordering::SeqCst);
+        Waiting(waiting)
     }
 }
 

@@ -140,8 +140,10 @@ impl From<RunError> for ApiError {
         let message = error.to_string();
         match error {
             RunError::BadRequest { field, message } => ApiError::bad_request(field, message),
-            RunError::Busy { retry_after, .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
-                .header(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs())),
+            RunError::Busy { retry_after, .. } | RunError::CallerBusy { retry_after, .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+                    .header(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs()))
+            }
             RunError::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message),
             RunError::Stopped { run_id, why, .. } => {
                 // Not the code's failure nor the sandbox's: airlock stopped it.
@@ -418,11 +420,11 @@ async fn get_artifact(
     };
     let artifact = index.parse::<usize>().ok().and_then(|i| run.record.artifacts.get(i)).ok_or_else(missing)?;
     let sha256 = artifact.sha256.as_deref().ok_or_else(missing)?;
-    let data = engine.artifacts().get(sha256).ok_or_else(|| {
+    let data = engine.artifacts().get(run.entry.principal.as_deref(), sha256).ok_or_else(|| {
         ApiError::new(
             StatusCode::GONE,
             "gone",
-            format!("{} of run {id:?} is no longer kept: the store keeps the newest artefacts only", artifact.path),
+            format!("{} of run {id:?} is no longer kept: the store drops the oldest artefacts of the token holding the most", artifact.path),
         )
     })?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())

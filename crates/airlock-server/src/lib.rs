@@ -19,7 +19,9 @@
 //! is not returned: the answer is 500, or 507 when the disk is full.
 //!
 //! Runs go on blocking threads, at most `concurrency` at once, with at most
-//! `queue` waiting; past that a request gets 429 with `Retry-After`. On
+//! `queue` waiting; past that a request gets 429 with `Retry-After`. Each
+//! token with nothing running or waiting keeps one of those places, so that
+//! one token's burst never leaves another none ([`places`]). On
 //! SIGTERM or SIGINT the server stops taking runs, lets running ones finish
 //! for the grace period, kills the rest, and returns once every sandbox is
 //! gone. Cgroups a crashed server left behind are removed when the next one
@@ -35,6 +37,7 @@ pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod openapi;
+pub mod places;
 pub mod request;
 
 use std::future::Future;

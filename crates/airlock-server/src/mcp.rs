@@ -403,8 +403,11 @@ impl McpServer {
             }
             _ => return Err(not_found()),
         };
-        let data = self.engine.artifacts().get(&sha256).ok_or_else(|| {
-            ErrorData::resource_not_found(format!("{uri} is no longer kept (the store keeps the newest only)"), None)
+        let data = self.engine.artifacts().get(run.entry.principal.as_deref(), &sha256).ok_or_else(|| {
+            ErrorData::resource_not_found(
+                format!("{uri} is no longer kept (the store drops the oldest artefacts of the token holding the most)"),
+                None,
+            )
         })?;
         let start = offset.min(data.len());
         let end = (start + READ_CHUNK).min(data.len());

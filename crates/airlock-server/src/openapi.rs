@@ -38,7 +38,7 @@ pub fn document(engine: &Engine) -> Value {
                         ("409", "The run was cancelled (its record is in the audit store; `run_id`)", Some("ErrorBody")),
                         ("413", "The body is above the server's cap", Some("ErrorBody")),
                         ("415", "The body is not JSON", Some("ErrorBody")),
-                        ("429", "Every slot and the queue are full; see Retry-After", Some("ErrorBody")),
+                        ("429", "Every slot and the queue are full, or the rest are kept for tokens that hold none; see Retry-After", Some("ErrorBody")),
                         ("500", "The sandbox could not be made, or the run could not be recorded", Some("ErrorBody")),
                         ("503", "The server is shutting down: no new runs, and a run still going at the end of \
                             the grace period is stopped (`stopped`, with its `run_id`)", Some("ErrorBody")),
@@ -89,7 +89,7 @@ pub fn document(engine: &Engine) -> Value {
                                 "content": {"application/octet-stream": {"schema": {"type": "string", "contentMediaType": "application/octet-stream"}}}},
                         "401": {"description": "No valid token", "content": json_content("ErrorBody")},
                         "404": {"description": "No such run for this token, or no such artefact", "content": json_content("ErrorBody")},
-                        "410": {"description": "The artefact is no longer kept (the store keeps the newest)", "content": json_content("ErrorBody")}
+                        "410": {"description": "The artefact is no longer kept (past its cap the store drops the oldest artefacts of the token holding the most)", "content": json_content("ErrorBody")}
                     }
                 }
             },
