@@ -694,6 +694,29 @@ print(started)
     assert!(held > 32 << 20, "{held} bytes for an interpreter with pandas imported");
 }
 
+/// A run whose memory limit is under what every ready sandbox holds runs
+/// cold without taking one: before, each such run destroyed a ready sandbox
+/// at its claim, so that any caller could drain the pool with a legal
+/// request (two runs asking for 40 MiB left a pool of two empty).
+#[test]
+fn a_memory_limit_no_ready_sandbox_could_meet_leaves_the_pool_as_it_was() {
+    let _alone = exclusive();
+    let pool = pool(Policy::default(), 2, &["numpy", "pandas"]);
+    let mut small = pool.policy().clone();
+    small.limits.memory_bytes = 32 << 20;
+    for _ in 0..3 {
+        let record = pool.run(&small, &[], &RunRequest::python("print(1)")).expect("a cold run");
+        assert_eq!(record.usage.start, Some(RunStart::Cold));
+        assert_eq!(record.status, Status::Ok, "{:?} {}", record.message, record.stderr);
+        let why = &record.isolation.details["pool"];
+        assert!(why.contains("not above what each ready sandbox holds"), "{why}");
+    }
+    let stats = pool.stats();
+    assert_eq!((stats.ready, stats.unsuited, stats.hits), (2, 3, 0), "{stats:?}");
+    // The ready sandboxes were kept for the runs they can serve.
+    assert_eq!(pooled_ok(&run(&pool, "import pandas; print(pandas.__name__)")), "pandas");
+}
+
 #[test]
 fn a_pool_stays_within_its_memory_budget() {
     let _alone = exclusive();
@@ -1111,10 +1134,16 @@ fn runs_that_allow_hosts_are_served_warm_through_a_proxy_started_at_the_claim() 
     let lines: Vec<&str> = served_ok(&record, PoolMode::Forked).lines().collect();
     assert_eq!(lines, ["None", "URLError", "URLError", refused], "no network, no proxy, nothing listening");
     assert!(forked.wait_ready(1, Duration::from_secs(120)), "the pool did not refill: {:?}", forked.stats());
+    let refills = forked.stats().refills;
     let record = ask(&forked, &allowing(&first));
     assert_eq!(record.status, Status::Ok, "{:?}", record.message);
     assert_eq!(record.usage.start, Some(RunStart::Cold));
     assert!(record.stdout.contains("(200, 'hello from /first')"), "{}", record.stdout);
     let why = &record.isolation.details["pool"];
     assert!(why.contains("no proxy listener"), "{why}");
+    // Decided before a fork is taken: the ready one stays for another run,
+    // and none is made (before, each such run destroyed one, made again).
+    std::thread::sleep(Duration::from_millis(500));
+    let stats = forked.stats();
+    assert_eq!((stats.ready, stats.unsuited, stats.refills), (1, 1, refills), "{stats:?}");
 }

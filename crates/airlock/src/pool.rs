@@ -325,6 +325,17 @@ struct Entry {
     ready_at: Instant,
 }
 
+/// What [`Shared::take`] found.
+enum Taken {
+    Ready(Entry),
+    /// None ready.
+    Empty,
+    /// Some ready, each holding at least `least` bytes, not under the cap.
+    AllHoldMore {
+        least: u64,
+    },
+}
+
 /// How long the refill thread rests after a failure before it tries again.
 const REFILL_BACKOFF: Duration = Duration::from_secs(2);
 /// How long a refill waits for the warm run in flight to end before it
@@ -543,10 +554,25 @@ impl Pool {
                 shared.unsuited.fetch_add(1, Ordering::Relaxed);
                 Err(reason)
             }
-            Ok(_) => shared.take().map(|entry| entry.warm).ok_or_else(|| {
-                shared.misses.fetch_add(1, Ordering::Relaxed);
-                shared.empty_reason()
-            }),
+            Ok(lowered) => match shared.take(lowered.memory_bytes) {
+                Taken::Ready(entry) => Ok(entry.warm),
+                Taken::Empty => {
+                    shared.misses.fetch_add(1, Ordering::Relaxed);
+                    Err(shared.empty_reason())
+                }
+                // Checked before one is taken: a claim that could never
+                // lower its limit would destroy a ready sandbox for
+                // nothing, and any caller could drain the pool so.
+                Taken::AllHoldMore { least } => {
+                    shared.unsuited.fetch_add(1, Ordering::Relaxed);
+                    Err(format!(
+                        "its memory limit ({} MiB) is not above what each ready sandbox holds with its preload \
+                         imported (at least {} MiB); the ready sandboxes stay in the pool",
+                        lowered.memory_bytes.unwrap_or_default() >> 20,
+                        least >> 20
+                    ))
+                }
+            },
         };
         // `take` counted it, under the lock that handed it out.
         let in_flight = warm.is_ok().then(|| InFlight(shared.clone()));
@@ -813,6 +839,10 @@ impl Shared {
         if let Some((field, _)) = differs.iter().find(|(_, differs)| *differs) {
             return Err(format!("its {field} differs from the pool's, and is in force from a sandbox's start"));
         }
+        if self.options.mode == PoolMode::Forked && policy.network.is_enabled() {
+            return Err("it allows hosts, and a fork has no proxy listener (a pool in the pooled mode serves it warm)"
+                .to_owned());
+        }
         let lowered = limits_suit(&policy.limits, &pool.limits)?;
         Ok(Lowered { env: self.env_at_claim(policy)?, ..lowered })
     }
@@ -857,26 +887,43 @@ impl Shared {
         self.suits(policy)
     }
 
-    /// The oldest ready sandbox still ready and young enough, counted in
-    /// flight (the caller holds it in an `InFlight`).
-    fn take(&self) -> Option<Entry> {
+    /// The oldest ready sandbox still ready and young enough, and holding
+    /// less memory than `memory_cap` (a claim's lower limit) where there is
+    /// one, counted in flight (the caller holds it in an `InFlight`). Those
+    /// that hold more stay ready for other runs.
+    fn take(&self, memory_cap: Option<u64>) -> Taken {
         let mut stale = Vec::new();
         let taken = {
             let mut state = self.lock();
-            let mut taken = None;
-            while let Some(entry) = state.ready.pop_front() {
-                if entry.warm.is_ready() && entry.ready_at.elapsed() < self.options.idle_expiry {
-                    let spare = Duration::from_millis(state.last_refill_ms.unwrap_or(0)) + REFILL_DEFER;
-                    state.claims_sparse =
-                        state.last_claim.is_none_or(|last| last.elapsed() >= spare) && !state.missed_lately();
-                    state.last_claim = Some(Instant::now());
-                    state.in_flight += 1;
-                    taken = Some(entry);
-                    break;
+            let mut taken = Taken::Empty;
+            let mut index = 0;
+            while index < state.ready.len() {
+                let entry = &state.ready[index];
+                if !(entry.warm.is_ready() && entry.ready_at.elapsed() < self.options.idle_expiry) {
+                    stale.extend(state.ready.remove(index));
+                    continue;
                 }
-                stale.push(entry);
+                let held = entry.warm.memory_bytes();
+                if let (Some(cap), Some(held)) = (memory_cap, held)
+                    && held >= cap
+                {
+                    let least = match taken {
+                        Taken::AllHoldMore { least } => least.min(held),
+                        _ => held,
+                    };
+                    taken = Taken::AllHoldMore { least };
+                    index += 1;
+                    continue;
+                }
+                let spare = Duration::from_millis(state.last_refill_ms.unwrap_or(0)) + REFILL_DEFER;
+                state.claims_sparse =
+                    state.last_claim.is_none_or(|last| last.elapsed() >= spare) && !state.missed_lately();
+                state.last_claim = Some(Instant::now());
+                state.in_flight += 1;
+                taken = state.ready.remove(index).map_or(Taken::Empty, Taken::Ready);
+                break;
             }
-            if taken.is_none() {
+            if matches!(taken, Taken::Empty) {
                 state.last_miss = Some(Instant::now());
                 state.claims_sparse = false;
             }
