@@ -247,6 +247,34 @@ os._exit(0)
     let message = record["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("put `zz\\u{a}── status"), "{said}");
     assert!(!message.contains('\n'), "the code wrote a line of the advice: {said}");
+
+    // An exception class whose name holds lines, and a file path that does,
+    // in the report `airlock run` prints and in `airlock audit show`'s
+    // header (before, each added a `status ok` line under the real one).
+    let code = "E = type('E\\nstatus      ok (exit code 0)\\n── status ──\\nok', (Exception,), {})\n\
+                raise E('boom')";
+    let (record, _) = airlock.run(&["-c", code, "--file", "/etc/hostname:/work/d\nstatus      ok (exit code 0)"]);
+    assert_eq!(record["status"], "failed", "{record}");
+    let report = airlock.command().args(["run", "--python", "/usr/bin/python3", "-c", code]).output().unwrap();
+    let report = String::from_utf8_lossy(&report.stdout).into_owned() + &String::from_utf8_lossy(&report.stderr);
+    // Its stderr is the code's to write; the error section is airlock's.
+    let error_section: Vec<&str> = report
+        .lines()
+        .skip_while(|line| !line.starts_with("── error"))
+        .skip(1)
+        .take_while(|line| !line.starts_with("── "))
+        .collect();
+    assert_eq!(error_section.len(), 1, "the code wrote lines into the error section: {report}");
+    assert!(error_section[0].starts_with("E\\u{a}status"), "{report}");
+    let id = record["id"].as_str().unwrap();
+    let shown = airlock.command().args(["audit", "show", id]).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    // The header, above the sections (the traceback in stderr is the code's).
+    let header: Vec<&str> = shown.lines().take_while(|line| !line.starts_with("--- ")).collect();
+    assert!(header.iter().any(|line| line.starts_with("input") && line.contains("d\\u{a}status")), "{shown}");
+    let statuses: Vec<&str> = header.iter().copied().filter(|line| line.starts_with("status")).collect();
+    assert_eq!(statuses.len(), 1, "a line the code wrote passes for the header's: {shown}");
+    assert!(statuses[0].contains("failed"), "{shown}");
 }
 
 /// The run ends when the code's process does: its helper then kills the

@@ -184,12 +184,16 @@ pub fn policy_fields(policy: &PolicySpec) -> Vec<(&'static str, String)> {
     fields
 }
 
+/// One header line: kept to one line whatever its text holds (a path, an
+/// exception's name, a host the sandbox or a client chose), so that no
+/// text can add a line that passes for the header's own.
 fn line(out: &mut String, label: &str, text: &str) {
-    let _ = writeln!(out, "{label:<11} {text}");
+    let _ = writeln!(out, "{label:<11} {}", airlock_core::one_line(text));
 }
 
+/// A section's title, one line as a header's is.
 fn section(out: &mut String, title: &str) {
-    let _ = writeln!(out, "\n--- {title} ---");
+    let _ = writeln!(out, "\n--- {} ---", airlock_core::one_line(title));
 }
 
 fn block(out: &mut String, text: &str) {

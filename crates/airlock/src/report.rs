@@ -69,7 +69,8 @@ fn render_raw(record: &RunRecord) -> String {
             (Some(l), None) => format!(" (line {l})"),
             _ => String::new(),
         };
-        let _ = writeln!(out, "{}: {}{at}", error.kind, error.message);
+        // The name is the code's to choose (any class name): one line.
+        let _ = writeln!(out, "{}: {}{at}", airlock_core::one_line(&error.kind), error.message);
     }
     if !record.figures.is_empty() {
         section(&mut out, "figures");
