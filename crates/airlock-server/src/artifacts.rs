@@ -11,6 +11,8 @@
 //! more than any other; a link to a file gone answers that it is no longer
 //! kept.
 
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -43,9 +45,12 @@ struct Kept {
 }
 
 impl ArtifactStore {
-    /// A store in `dir` (made if missing) keeping at most `budget` bytes.
+    /// A store in `dir` (made if missing, and made the server's alone as
+    /// the audit database is: the runs' files are no other local user's to
+    /// read) keeping at most `budget` bytes.
     pub fn open(dir: PathBuf, budget: u64) -> std::io::Result<ArtifactStore> {
-        std::fs::create_dir_all(&dir)?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         Ok(ArtifactStore { dir, budget, writing: Mutex::new(()) })
     }
 
@@ -68,18 +73,29 @@ impl ArtifactStore {
             return std::fs::File::options().append(true).open(&path)?.set_modified(std::time::SystemTime::now());
         }
         let folder = path.parent().unwrap_or(&self.dir);
-        std::fs::create_dir_all(folder)?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(folder)?;
+        // Written whole under another name, then renamed: a reader never
+        // sees half of it.
         let staged = folder.join(format!(".{sha256}.{}", std::process::id()));
-        airlock::save_to_host(&staged, data).and_then(|_| std::fs::rename(&staged, &path)).inspect_err(|_| {
+        let written = (|| {
+            let mut file = std::fs::File::options().write(true).create_new(true).mode(0o600).open(&staged)?;
+            file.write_all(data)?;
+            file.sync_all()?;
+            std::fs::rename(&staged, &path)
+        })();
+        if written.is_err() {
             let _ = std::fs::remove_file(&staged);
-        })?;
+        }
+        written?;
         self.trim()
     }
 
     /// The artefact whose SHA-256 is `sha256`, of `principal`'s runs, if it
-    /// is still kept.
+    /// is still kept and still has that hash (what the record names is what
+    /// is served, whatever changed the file since).
     pub fn get(&self, principal: Option<&str>, sha256: &str) -> Option<Vec<u8>> {
-        std::fs::read(self.path(principal, sha256)?).ok()
+        let data = std::fs::read(self.path(principal, sha256)?).ok()?;
+        (airlock_core::sha256_hex(&data) == sha256).then_some(data)
     }
 
     /// The kept files of one folder, oldest first (staged ones left out).
@@ -132,18 +148,25 @@ impl ArtifactStore {
 mod tests {
     use super::*;
 
+    /// Keeps `data` for `principal`; its SHA-256.
+    fn keep(store: &ArtifactStore, principal: Option<&str>, data: &[u8]) -> String {
+        let sha256 = airlock_core::sha256_hex(data);
+        store.put(principal, &sha256, data).unwrap();
+        // Distinct times, for the oldest-first order.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        sha256
+    }
+
     #[test]
     fn keeps_within_its_budget_oldest_out_first() {
         let dir = tempfile::tempdir().unwrap();
         let store = ArtifactStore::open(dir.path().join("a"), 10).unwrap();
-        let (one, two) = ("1".repeat(64), "2".repeat(64));
-        store.put(None, &one, b"123456").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        store.put(None, &two, b"123456").unwrap();
+        let one = keep(&store, None, b"123456");
+        let two = keep(&store, None, b"654321");
         assert_eq!(store.get(None, &one), None, "the oldest went to make room");
-        assert_eq!(store.get(None, &two).as_deref(), Some(&b"123456"[..]));
-        store.put(None, &"3".repeat(64), &[0; 11]).unwrap();
-        assert_eq!(store.get(None, &"3".repeat(64)), None, "larger than the budget: not kept");
+        assert_eq!(store.get(None, &two).as_deref(), Some(&b"654321"[..]));
+        let large = keep(&store, None, &[0; 11]);
+        assert_eq!(store.get(None, &large), None, "larger than the budget: not kept");
         assert_eq!(store.get(None, "../../etc/passwd"), None);
         assert_eq!(store.get(Some("../.."), &two), None, "another principal's folder");
     }
@@ -152,20 +175,29 @@ mod tests {
     fn one_principals_flood_pushes_out_only_its_own_artefacts() {
         let dir = tempfile::tempdir().unwrap();
         let store = ArtifactStore::open(dir.path().join("a"), 100).unwrap();
-        let quiet = "a".repeat(64);
-        store.put(Some("quiet"), &quiet, &[1; 30]).unwrap();
-        for n in 0..20u8 {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-            store.put(Some("flood"), &format!("{n:064x}"), &[n; 20]).unwrap();
-        }
+        let quiet = keep(&store, Some("quiet"), &[1; 30]);
+        let flood: Vec<String> = (0..20u8).map(|n| keep(&store, Some("flood"), &[n; 20])).collect();
         assert_eq!(store.get(Some("quiet"), &quiet).as_deref(), Some(&[1; 30][..]), "the flood's own files went");
-        let newest = format!("{:064x}", 19);
-        assert_eq!(store.get(Some("flood"), &newest).as_deref(), Some(&[19; 20][..]));
-        assert_eq!(store.get(Some("flood"), &format!("{:064x}", 0)), None, "the flood's oldest went first");
+        assert_eq!(store.get(Some("flood"), &flood[19]).as_deref(), Some(&[19; 20][..]));
+        assert_eq!(store.get(Some("flood"), &flood[0]), None, "the flood's oldest went first");
         assert_eq!(store.get(Some("other"), &quiet), None, "a principal reads only its own folder");
         // The quiet principal's file goes only once it holds the most.
-        store.put(Some("quiet"), &"b".repeat(64), &[2; 50]).unwrap();
+        let larger = keep(&store, Some("quiet"), &[2; 50]);
         assert_eq!(store.get(Some("quiet"), &quiet), None);
-        assert!(store.get(Some("quiet"), &"b".repeat(64)).is_some());
+        assert!(store.get(Some("quiet"), &larger).is_some());
+    }
+
+    #[test]
+    fn the_store_is_the_servers_alone_and_serves_only_what_the_record_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("a");
+        let store = ArtifactStore::open(root.clone(), 100).unwrap();
+        let sha256 = keep(&store, Some("alice"), b"results");
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let file = store.path(Some("alice"), &sha256).unwrap();
+        assert_eq!((mode(&root), mode(file.parent().unwrap()), mode(&file)), (0o700, 0o700, 0o600));
+        // Changed in place: no longer what the record names, so not served.
+        std::fs::write(&file, b"swapped").unwrap();
+        assert_eq!(store.get(Some("alice"), &sha256), None);
     }
 }
