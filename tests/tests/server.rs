@@ -362,7 +362,7 @@ fn every_documented_route_answers_and_no_other() {
 
 #[test]
 fn bad_requests_get_400_naming_the_reason() {
-    let server = Server::start("max_body_bytes = 65536", &[]);
+    let server = Server::start("max_body_bytes = 65536\n[defaults]\ndisk_inodes = 64", &[]);
     let post = |body: &str| {
         client()
             .post(server.url("/v1/runs"))
@@ -396,6 +396,16 @@ fn bad_requests_get_400_naming_the_reason() {
     assert_eq!((status, answer["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("policy.timeout_s")));
     let (status, answer) = json_of(post("{\"code\": \"1\", \"policy\": {\"memory_mb\": 1}}"));
     assert_eq!((status, answer["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("policy.memory_mb")));
+    // More files, or more outputs, than /work can hold (64 files and
+    // folders here): refused before any is copied or read. Before, the
+    // files were checked in a time that grew with the square of their
+    // number, and the outputs were each read back.
+    let files: Vec<String> = (0..65).map(|n| format!("{{\"path\": \"f{n}\", \"content_base64\": \"\"}}")).collect();
+    let (status, answer) = json_of(post(&format!("{{\"code\": \"1\", \"files\": [{}]}}", files.join(","))));
+    assert_eq!((status, answer["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("policy.disk_inodes")));
+    let outputs: Vec<String> = (0..65).map(|n| format!("\"f{n}\"")).collect();
+    let (status, answer) = json_of(post(&format!("{{\"code\": \"1\", \"outputs\": [{}]}}", outputs.join(","))));
+    assert_eq!((status, answer["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("outputs")), "{answer}");
     // Too large: 413, whether the length is declared or streamed.
     let big = format!("{{\"code\": \"{}\"}}", "x".repeat(70_000));
     assert_eq!(post(&big).status(), StatusCode::PAYLOAD_TOO_LARGE);

@@ -403,6 +403,18 @@ impl Engine {
                 SandboxPath::parse(&path).map_err(|e| RunError::bad(format!("files[{index}].path"), e.to_string()))?;
             files.add(path, data.into()).map_err(copy_error)?;
         }
+        // Each is read back after the run (through a helper process, for an
+        // ordinary user's sandbox): no more than /work can hold files.
+        if job.outputs.len() as u64 > policy.limits.disk_inodes {
+            return Err(RunError::bad(
+                "outputs",
+                format!(
+                    "names {} files, and /work and /tmp hold at most {} files and folders in all (disk_inodes)",
+                    job.outputs.len(),
+                    policy.limits.disk_inodes
+                ),
+            ));
+        }
         let outputs = job
             .outputs
             .iter()

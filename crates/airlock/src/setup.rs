@@ -80,6 +80,10 @@ pub enum CopyInError {
     TooLarge { path: String, size: u64, cap: u64 },
     #[error("the files together pass the cap of {cap} bytes at {path} (max_files_total_bytes)")]
     TotalTooLarge { path: String, cap: u64 },
+    #[error(
+        "{path} would be file {count}, and /work and /tmp hold at most {cap} files and folders in all (disk_inodes)"
+    )]
+    TooMany { path: String, count: u64, cap: u64 },
     #[error("{host}: {reason}")]
     Host { host: String, reason: String },
 }
@@ -90,6 +94,7 @@ impl CopyInError {
         match self {
             CopyInError::TooLarge { .. } => "max_file_bytes",
             CopyInError::TotalTooLarge { .. } => "max_files_total_bytes",
+            CopyInError::TooMany { .. } => "disk_inodes",
             CopyInError::Host { .. } => "files",
         }
     }
@@ -97,20 +102,34 @@ impl CopyInError {
 
 /// The files a run starts with, checked against the policy's copy-in caps
 /// as they are added: each at most `max_file_bytes`, together at most
-/// `max_files_total_bytes`. A file added at a path already taken replaces
-/// the earlier one (later sources win: a request's file over an
-/// operator's).
+/// `max_files_total_bytes`, and no more files than /work and /tmp can
+/// hold (`disk_inodes`). A file added at a path already taken replaces the
+/// earlier one (later sources win: a request's file over an operator's).
+/// Each add costs the same however many came before: a request's list of
+/// files is a client's to make long.
 #[derive(Clone, Debug)]
 pub struct CopyIn {
     file_cap: u64,
     total_cap: u64,
+    count_cap: u64,
     files: Vec<(SandboxPath, Arc<[u8]>)>,
+    /// Where each path is in `files`.
+    index: std::collections::HashMap<SandboxPath, usize>,
+    /// The bytes of `files`, together.
+    total: u64,
 }
 
 impl CopyIn {
     /// No files yet, under the caps of `limits`.
     pub fn new(limits: &Limits) -> CopyIn {
-        CopyIn { file_cap: limits.file_bytes, total_cap: limits.files_total_bytes, files: Vec::new() }
+        CopyIn {
+            file_cap: limits.file_bytes,
+            total_cap: limits.files_total_bytes,
+            count_cap: limits.disk_inodes,
+            files: Vec::new(),
+            index: std::collections::HashMap::new(),
+            total: 0,
+        }
     }
 
     /// Adds `data` at `path`, or says which cap it would pass.
@@ -119,14 +138,23 @@ impl CopyIn {
         if size > self.file_cap {
             return Err(CopyInError::TooLarge { path: path.to_string(), size, cap: self.file_cap });
         }
-        let others: u64 = self.files.iter().filter(|(p, _)| *p != path).map(|(_, d)| d.len() as u64).sum();
+        let replaced = self.index.get(&path).copied();
+        let others = self.total - replaced.map_or(0, |at| self.files[at].1.len() as u64);
         if others + size > self.total_cap {
             return Err(CopyInError::TotalTooLarge { path: path.to_string(), cap: self.total_cap });
         }
-        match self.files.iter_mut().find(|(p, _)| *p == path) {
-            Some(existing) => existing.1 = data,
-            None => self.files.push((path, data)),
+        match replaced {
+            Some(at) => self.files[at].1 = data,
+            None => {
+                let count = self.files.len() as u64 + 1;
+                if count > self.count_cap {
+                    return Err(CopyInError::TooMany { path: path.to_string(), count, cap: self.count_cap });
+                }
+                self.index.insert(path.clone(), self.files.len());
+                self.files.push((path, data));
+            }
         }
+        self.total = others + size;
         Ok(())
     }
 
@@ -195,6 +223,24 @@ mod tests {
         assert_eq!(copy.files().len(), 2);
         assert_eq!(&*copy.files()[0].1, b"1", "the later file replaced the earlier at the same path");
         assert_eq!(copy.under(&limits(2, 10)).unwrap_err().field(), "max_file_bytes");
+    }
+
+    #[test]
+    fn no_more_files_than_the_sandbox_holds() {
+        let mut copy = CopyIn::new(&Limits { disk_inodes: 3, ..limits(10, 100) });
+        for name in ["a", "b", "c", "a"] {
+            copy.add(path(name), Arc::from(&b"1"[..])).unwrap();
+        }
+        let error = copy.add(path("d"), Arc::from(&b"1"[..])).unwrap_err();
+        assert_eq!(error.field(), "disk_inodes", "{error}");
+        // Many, each replaced once: the running total stays exact.
+        let mut many = CopyIn::new(&Limits { disk_inodes: 5_000, ..limits(10, 10_000) });
+        for n in 0..10_000 {
+            many.add(path(&format!("f{}", n % 5_000)), Arc::from(&b"12"[..])).unwrap();
+        }
+        assert_eq!(many.files().len(), 5_000);
+        let error = many.add(path("f0"), Arc::from(&b"123"[..])).unwrap_err();
+        assert_eq!(error.field(), "max_files_total_bytes", "10,000 bytes held, one more asked for");
     }
 
     #[test]
