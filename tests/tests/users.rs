@@ -235,8 +235,15 @@ fn with_subordinate_ids_each_sandbox_is_a_user_of_its_own() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
 
-    // Meanwhile, another sandbox: its own host id, full-sized pipes, and the
-    // file copied in is its user's, as the code's own would be.
+    // Meanwhile, another sandbox, of a process with another data directory
+    // (before, the lock that keeps ids apart was in the data directory when
+    // no XDG_RUNTIME_DIR was set, and both took the first id): its own host
+    // id, full-sized pipes, and the file copied in is its user's, as the
+    // code's own would be.
+    let home = user_home();
+    let input = home.path().join("in.txt");
+    std::fs::write(&input, "copied in").unwrap();
+    std::os::unix::fs::chown(&input, Some(NOBODY), Some(NOBODY)).unwrap();
     let code = "import fcntl, os\nprint(open('/proc/self/uid_map').read().split()[1])\nr, w = os.pipe()\n\
                 print(fcntl.fcntl(w, 1032))\nst = os.stat('/work/in.txt')\nprint(st.st_uid, st.st_gid)\n\
                 open('/work/out.txt', 'w').write('made inside')\nos.chmod('/work/out.txt', 0o600)";

@@ -350,10 +350,12 @@ fn subordinate_ranges(text: &str) -> impl Iterator<Item = (&str, u64, u64)> {
 fn subordinate_source() -> Option<Source> {
     let files = HostFiles::read();
     let uid = rustix::process::geteuid().as_raw();
-    let name = files.passwd.lines().find_map(|line| {
+    let account = files.passwd.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
-        (fields.get(2).and_then(|f| f.parse::<u32>().ok()) == Some(uid)).then(|| fields[0].to_owned())
+        (fields.get(2).and_then(|f| f.parse::<u32>().ok()) == Some(uid)).then(|| fields)
     });
+    let name = account.as_ref().map(|fields| fields[0].to_owned());
+    let home = account.as_ref().and_then(|fields| fields.get(5)).map(PathBuf::from);
     let mine = |text: &str| {
         subordinate_ranges(text)
             .find(|(owner, _, count)| (Some(*owner) == name.as_deref() || *owner == uid.to_string()) && *count > 0)
@@ -367,21 +369,21 @@ fn subordinate_source() -> Option<Source> {
         ["/usr/bin", "/bin", "/usr/sbin", "/sbin"].iter().map(|d| Path::new(d).join(tool)).find(|p| p.is_file())
     };
     let (newuidmap, newgidmap) = (find("newuidmap")?, find("newgidmap")?);
-    Some(Source::Subordinate { uids, gids, lock: user_lock_file(), newuidmap, newgidmap })
+    Some(Source::Subordinate { uids, gids, lock: user_lock_file(uid, home.as_deref()), newuidmap, newgidmap })
 }
 
-/// An ordinary user's lock file: in its runtime directory (one per user,
-/// whatever data directory each process uses), else in the data directory.
-fn user_lock_file() -> PathBuf {
-    let uid = rustix::process::geteuid().as_raw();
-    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|dir| fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid));
-    match runtime {
-        Some(dir) => dir.join("airlock/host-ids.lock"),
-        None => airlock_core::paths::data_dir()
-            .unwrap_or_else(|_| std::env::temp_dir().join(format!("airlock-{uid}")))
-            .join("host-ids.lock"),
+/// An ordinary user's lock file: one place per user, whatever each
+/// process's environment says, since the subordinate ids are the user's
+/// and not a data directory's or a login session's. In the home folder
+/// /etc/passwd names, where it is the user's own; else in /tmp/airlock-UID,
+/// which [`open_lock_file`] refuses unless the user alone may write it.
+/// (Before, it followed XDG_RUNTIME_DIR, else the data directory: two
+/// processes under `su` or cron with different data directories took the
+/// same id.)
+fn user_lock_file(uid: u32, home: Option<&Path>) -> PathBuf {
+    match home.filter(|dir| fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid)) {
+        Some(home) => home.join(".local/state/airlock/host-ids.lock"),
+        None => PathBuf::from(format!("/tmp/airlock-{uid}/host-ids.lock")),
     }
 }
 
