@@ -522,3 +522,35 @@ for _ in range(10):
         assert!(on_host.is_empty(), "left behind on the host: {on_host:#?}");
     }
 }
+
+/// A Python whose installation is the caller's home folder (one built with
+/// `--prefix=$HOME`, here a copy of the system's beside a link to its
+/// library) is refused: the sandbox would get the installation whole, and
+/// with it the home folder's keys. Before, the code read the key at
+/// /opt/airlock/python/.ssh/id_ed25519.
+#[test]
+fn a_python_installed_in_the_home_folder_is_refused_not_bound() {
+    let home = tempfile::tempdir().unwrap();
+    let root = home.path();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("lib")).unwrap();
+    std::fs::create_dir_all(root.join(".ssh")).unwrap();
+    std::fs::copy("/usr/bin/python3.11", root.join("bin/python3.11")).unwrap();
+    std::os::unix::fs::symlink("/usr/lib/python3.11", root.join("lib/python3.11")).unwrap();
+    std::fs::write(root.join(".ssh/id_ed25519"), "PRIVATE KEY 6d1c").unwrap();
+    let python = root.join("bin/python3.11");
+    let asked = std::process::Command::new(&python).args(["-I", "-c", "import sys; print(sys.base_prefix)"]).output();
+    let prefix = String::from_utf8_lossy(&asked.unwrap().stdout).trim().to_owned();
+    assert_eq!(Path::new(&prefix), std::fs::canonicalize(root).unwrap(), "the copy's installation is the home folder");
+    let output = airlock_command()
+        .env("HOME", root)
+        .args(["run", "--python", python.to_str().unwrap(), "-c"])
+        .arg("print(open('/opt/airlock/python/.ssh/id_ed25519').read())")
+        .current_dir(root)
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!said.contains("PRIVATE KEY"), "the sandbox read the home folder's key: {said}");
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("your home folder") && said.contains("a folder of its own"), "{said}");
+}

@@ -56,10 +56,12 @@ impl Interpreter {
         if let Some(cached) = key.as_ref().and_then(|k| load_cache().remove(k)) {
             // An entry from before interpreters reported their platform is asked again.
             if cached.executable.is_file() && cached.base_prefix.is_dir() && !cached.platform.machine.is_empty() {
+                cached.check_bound_folders(&found)?;
                 return Ok(cached);
             }
         }
         let interpreter = ask(&found)?;
+        interpreter.check_bound_folders(&found)?;
         if let Some(key) = key {
             let mut cache = load_cache();
             cache.insert(key, interpreter.clone());
@@ -218,6 +220,52 @@ impl Interpreter {
             }
             Err(_) => self.executable.clone(),
         }
+    }
+
+    /// The host folders the sandbox gets whole: the installation (unless
+    /// it is under /usr), the folder of an executable outside it, the venv.
+    fn bound_folders(&self) -> Vec<&Path> {
+        let mut folders = Vec::new();
+        if !self.base_prefix.starts_with("/usr") {
+            folders.push(self.base_prefix.as_path());
+        }
+        if !self.executable.starts_with(&self.base_prefix) && !self.executable.starts_with("/usr") {
+            folders.extend(self.executable.parent());
+        }
+        if self.prefix != self.base_prefix {
+            folders.push(self.prefix.as_path());
+        }
+        folders
+    }
+
+    /// Refuses an interpreter whose installation, venv or folder holds the
+    /// caller's home folder or airlock's data folder: binding it would show
+    /// the sandbox the caller's keys and files (a Python built with
+    /// `--prefix=$HOME`, a venv made in the home folder itself) and every
+    /// earlier run airlock keeps.
+    fn check_bound_folders(&self, found: &Path) -> Result<(), Error> {
+        let mut private: Vec<(PathBuf, &str)> = Vec::new();
+        if let Some(home) = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute()) {
+            private.push((fs::canonicalize(&home).unwrap_or(home), "your home folder"));
+        }
+        if let Ok(data) = airlock_core::paths::data_dir() {
+            private.push((fs::canonicalize(&data).unwrap_or(data), "airlock's data folder"));
+        }
+        for folder in self.bound_folders() {
+            if let Some((inside, what)) = private.iter().find(|(path, _)| path.starts_with(folder)) {
+                return Err(Error::Interpreter {
+                    program: found.display().to_string(),
+                    reason: format!(
+                        "airlock would show the sandbox {} whole (read-only), and it holds {what} ({}): use a \
+                         Python installed in a folder of its own (a pyenv or uv Python, /usr/bin/python3) or a \
+                         venv in a folder of its own",
+                        folder.display(),
+                        inside.display()
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The mounts of the installation, and the variables it needs there.
