@@ -11,7 +11,24 @@
 //! address they carry, so `::ffff:169.254.169.254` is link-local.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+
+/// Whether `ip` is one of this host's own addresses (any interface's, the
+/// public ones too): a name that resolves to one would reach the host's own
+/// services, those bound to every address among them, over loopback, which
+/// host firewalls let through. Asked of the kernel's routing: a datagram
+/// socket connected there (nothing is sent) takes the destination itself as
+/// its source only when the destination is local. If the question cannot be
+/// asked, the address counts as the host's: refused rather than dialled.
+pub fn is_this_hosts(ip: IpAddr) -> bool {
+    let unspecified: IpAddr = if ip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    let Ok(socket) = UdpSocket::bind(SocketAddr::new(unspecified, 0)) else { return true };
+    match socket.connect(SocketAddr::new(ip, 9)) {
+        // No route there: not this host's, and the dial fails on its own.
+        Err(_) => false,
+        Ok(()) => socket.local_addr().map_or(true, |local| local.ip() == ip),
+    }
+}
 
 /// What kind of address an IP is, as far as egress is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use airlock_policy::{HostRule, NetworkPolicy};
 
-use crate::address::classify;
+use crate::address::{classify, is_this_hosts};
 use crate::host::RequestHost;
 use crate::resolve::{Resolve, SystemResolver};
 
@@ -56,8 +56,9 @@ impl ProxyConfig {
     ///
     /// A name is checked against the rules first and resolved only if a rule
     /// allows it; then each address it resolves to is checked, and one in a
-    /// forbidden class (loopback, private, link-local...) is dropped unless a
-    /// rule names that exact IP and port. An IP literal goes only where a rule
+    /// forbidden class (loopback, private, link-local...) or one of this
+    /// host's own is dropped unless a rule names that exact IP and port. An
+    /// IP literal goes only where a rule
     /// names it exactly. The caller dials only the addresses returned, so a
     /// second lookup (DNS rebinding) never comes into it.
     pub fn route(&self, host: &RequestHost, port: u16) -> Result<Vec<SocketAddr>, Refusal> {
@@ -81,10 +82,14 @@ impl ProxyConfig {
                 let mut allowed = Vec::new();
                 let mut refused = Vec::new();
                 for ip in resolved.into_iter().map(|ip| ip.to_canonical()) {
-                    if !classify(ip).is_forbidden() || self.allows_ip(ip, port) {
+                    if self.allows_ip(ip, port) {
                         allowed.push(SocketAddr::new(ip, port));
-                    } else {
+                    } else if classify(ip).is_forbidden() {
                         refused.push(format!("{ip}{}", class_note(ip)));
+                    } else if is_this_hosts(ip) {
+                        refused.push(format!("{ip} (an address of this host)"));
+                    } else {
+                        allowed.push(SocketAddr::new(ip, port));
                     }
                 }
                 if !allowed.is_empty() {

@@ -45,7 +45,7 @@ mod tls;
 
 use std::net::SocketAddr;
 
-pub use address::{AddressClass, IPV4_RANGES, IPV6_RANGES, classify, embedded_ipv4, is_forbidden};
+pub use address::{AddressClass, IPV4_RANGES, IPV6_RANGES, classify, embedded_ipv4, is_forbidden, is_this_hosts};
 pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEAD_TIMEOUT, ProxyConfig, Refusal};
 pub use error::NetError;
 pub use host::{AbsoluteUrl, HostError, RequestHost, parse_absolute_url, parse_authority, parse_host, parse_ipv4};

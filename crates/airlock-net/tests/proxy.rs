@@ -729,3 +729,54 @@ fn a_plaintext_request_gets_an_answer_only_from_an_http_server() {
     let not_http = refusals.iter().filter(|r| r.contains("did not answer as an HTTP server")).count();
     assert_eq!(not_http, 3, "{events:?}");
 }
+
+/// A name that resolves to one of the host's own public addresses never
+/// reaches the host's own services: here, in a network namespace of this
+/// test thread's own (threads and children made from it share it), a
+/// service on 45.45.45.45, an address of its loopback. Before, the proxy
+/// dialled it (a public address) and the code got the host-only page.
+#[test]
+fn an_allowed_name_never_reaches_the_hosts_own_addresses() {
+    assert!(rustix::process::geteuid().is_root(), "this test makes a network namespace: run it as root");
+    std::thread::spawn(|| {
+        // SAFETY: NEWNET alone changes this thread's network namespace; it
+        // shares no descriptor table or memory anew, which is what the
+        // function's other flags could break.
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }.expect("a network namespace");
+        for args in [&["link", "set", "lo", "up"][..], &["addr", "add", "45.45.45.45/32", "dev", "lo"]] {
+            let done = std::process::Command::new("ip").args(args).status().expect("ip");
+            assert!(done.success(), "ip {args:?}");
+        }
+        let service = std::net::TcpListener::bind("45.45.45.45:0").unwrap();
+        let port = service.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in service.incoming().flatten() {
+                let mut stream = stream;
+                let mut head = [0u8; 1024];
+                let _ = stream.read(&mut head);
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\nhost-only admin page");
+            }
+        });
+        let resolver = Arc::new(StaticResolver::new().with("self.test", &[IpAddr::from([45, 45, 45, 45])]));
+        let (proxy, addr) = start_proxy(&[format!("self.test:{port}")], resolver, Caps::default());
+        let answer = exchange(
+            addr,
+            format!("GET http://self.test:{port}/ HTTP/1.1\r\nHost: self.test:{port}\r\n\r\n").as_bytes(),
+        );
+        assert!(!answer.contains("host-only"), "the code reached the host's own service: {answer}");
+        assert_eq!(status(&answer), 403, "{answer}");
+        let events = proxy.finish().record.connections;
+        let reason = events[0].reason.clone().unwrap_or_default();
+        assert!(reason.contains("an address of this host"), "{reason}");
+        // The same address named exactly by a rule: the operator's choice.
+        let (proxy, addr) = start_proxy(&[format!("45.45.45.45:{port}")], no_names(), Caps::default());
+        let answer = exchange(
+            addr,
+            format!("GET http://45.45.45.45:{port}/ HTTP/1.1\r\nHost: 45.45.45.45:{port}\r\n\r\n").as_bytes(),
+        );
+        assert!(answer.contains("host-only"), "{answer}");
+        drop(proxy);
+    })
+    .join()
+    .expect("the test thread");
+}
