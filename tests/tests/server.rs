@@ -1535,3 +1535,45 @@ fn still_running(process: &Proc) -> bool {
     let zombie = state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
     !zombie && stat_of(process.pid).is_some_and(|(_, start)| start == process.start)
 }
+
+/// The server starts with its open-files limit raised to the hard limit:
+/// each run's proxied connections are its descriptors, and under systemd's
+/// soft 1,024 four runs of idle tunnels made a fifth one's sandbox fail
+/// (EMFILE). Started here under a soft limit of 1,024, as a service is.
+#[test]
+fn the_server_raises_its_open_files_limit_to_the_hard_one() {
+    let _ = data_image();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\naudit_db = {:?}\n[[tokens]]\nname = \"alice\"\nsha256 = \"{}\"\n",
+            dir.path().join("audit.sqlite3").display().to_string(),
+            token_sha256(ALICE)
+        ),
+    )
+    .unwrap();
+    let command = airlock_command();
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -Sn 1024 && exec \"$@\"", "sh"])
+        .arg(airlock_tests::airlock_bin())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .envs(command.get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let serving = BufReader::new(stderr).lines().map_while(Result::ok).any(|line| line.starts_with("airlock: serving"));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(serving, "the server did not start");
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[3], fields[4], "soft and hard limits differ: {line}");
+    assert_ne!(fields[3], "1024", "{line}");
+}

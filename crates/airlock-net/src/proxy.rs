@@ -654,13 +654,21 @@ fn tunnel_opening(
     port: u16,
 ) -> Result<Opening, String> {
     let mut reader = client;
-    // The first byte may take as long as the client likes, unless the
-    // server speaks first; a ClientHello, once begun, must be quick.
+    // The first byte must come within the head timeout, as a request's
+    // head must, unless the server speaks first: a tunnel the client
+    // leaves silent would hold four of the supervisor's descriptors until
+    // the run ends. A ClientHello, once begun, must be quick too.
     if data.is_empty() {
-        match client_speaks_first(client, upstream) {
+        match client_speaks_first(client, upstream, run.config.head_timeout) {
             _ if run.stopping.load(Ordering::SeqCst) => return Ok(Opening::Closed),
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(Some(true)) => {}
+            Ok(None) => {
+                return Err(format!(
+                    "the client sent nothing through the tunnel to {host}:{port} within {} s",
+                    run.config.head_timeout.as_secs_f64()
+                ));
+            }
+            Ok(Some(false)) => {
                 return Err(format!(
                     "{host}:{port} spoke (or closed) before the client did: a tunnel carries TLS or HTTP, whose \
                      client speaks first"
@@ -714,16 +722,23 @@ fn tunnel_opening(
     }
 }
 
-/// Waits until either side of a fresh tunnel has something to read:
-/// whether the client was first (it was, too, when both were).
-fn client_speaks_first(client: &TcpStream, upstream: &TcpStream) -> io::Result<bool> {
+/// Waits, at most `patience`, until either side of a fresh tunnel has
+/// something to read: whether the client was first (it was, too, when both
+/// were), or `None` if neither spoke in time.
+fn client_speaks_first(client: &TcpStream, upstream: &TcpStream, patience: Duration) -> io::Result<Option<bool>> {
+    let deadline = Instant::now() + patience;
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let timeout = rustix::time::Timespec::try_from(left).map_err(|_| io::Error::other("a timeout out of range"))?;
         let mut fds = [PollFd::new(client, PollFlags::IN), PollFd::new(upstream, PollFlags::IN)];
-        match poll(&mut fds, None) {
+        match poll(&mut fds, Some(&timeout)) {
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
-            Ok(_) if !fds[0].revents().is_empty() => return Ok(true),
-            Ok(_) if !fds[1].revents().is_empty() => return Ok(false),
+            Ok(_) if !fds[0].revents().is_empty() => return Ok(Some(true)),
+            Ok(_) if !fds[1].revents().is_empty() => return Ok(Some(false)),
             Ok(_) => continue,
         }
     }

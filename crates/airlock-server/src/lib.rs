@@ -67,6 +67,7 @@ pub enum StartError {
 /// the way), resolves the runtime (building the default image on first use),
 /// opens the audit store, and returns the engine both front doors share.
 pub fn start(config: &ServerConfig) -> Result<Arc<Engine>, StartError> {
+    raise_open_files_limit();
     let host = airlock::host_facts()?;
     let runtime = config::resolve_runtime(config)?;
     let settings = Settings::new(config, host, runtime, AuditStore::default_path()?)?;
@@ -86,6 +87,20 @@ pub fn start(config: &ServerConfig) -> Result<Arc<Engine>, StartError> {
         Some(pool) => engine.with_pool(pool),
         None => engine,
     }))
+}
+
+/// Raises this process's open-files limit to its hard limit (systemd gives
+/// a service 1,024 and allows 524,288). Each run's proxied connections,
+/// helpers, pipes and cgroup files are the server's descriptors; under the
+/// soft limit a few runs holding their connections made another's sandbox
+/// fail to start (EMFILE). Best effort: a limit that cannot be raised is
+/// left as it was.
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let _ = setrlimit(Resource::Nofile, rustix::process::Rlimit { current: limit.maximum, ..limit });
+    }
 }
 
 /// Serves the HTTP API and MCP at `/mcp` on `listener` until `shutdown`
