@@ -91,6 +91,11 @@ fn has_pandas_imported_and_its_files_in(mode: PoolMode) {
     assert!(cold.usage.first_instruction_ms.is_some() && cold.usage.pool_wait_ms.is_none(), "{:?}", cold.usage);
     assert_eq!(record.isolation.layers, cold.isolation.layers);
     assert!(record.isolation.layers.contains(&airlock::Layer::Seccomp), "{:?}", record.isolation.layers);
+    // The record says whose host ids the run has: a fork's are its
+    // template's (before, it said "this sandbox's alone" for forks too).
+    let ids = &record.isolation.details["host_ids"];
+    let shared = ids.contains("shared with every run forked from it");
+    assert_eq!(shared, mode == PoolMode::Forked, "{ids}");
 
     // matplotlib imported ahead still renders off-screen and hands the figure back.
     assert!(pool.wait_ready(1, Duration::from_secs(120)), "no refill: {:?}", pool.stats());
@@ -500,19 +505,23 @@ fn randomness_differs_across_twenty_forked_runs() {
 
 fn randomness_differs_across_twenty_runs(mode: PoolMode) {
     let _alone = exclusive();
-    let pool = pool_in(mode, Policy::default(), 2, &["random", "numpy"]);
-    let code = "import os, random, numpy\nprint(random.random(), numpy.random.random(), os.urandom(16).hex(), hash('airlock'))";
-    let mut seen: Vec<Vec<String>> = vec![Vec::new(); 4];
+    // concurrent.futures.process imports multiprocessing, which draws its
+    // authkey at import: before, every fork of the template had its key.
+    let pool = pool_in(mode, Policy::default(), 2, &["random", "numpy", "concurrent.futures.process"]);
+    let code = "import os, random, numpy, multiprocessing\n\
+                print(random.random(), numpy.random.random(), os.urandom(16).hex(), hash('airlock'), \
+                multiprocessing.current_process().authkey.hex())";
+    let mut seen: Vec<Vec<String>> = vec![Vec::new(); 5];
     for _ in 0..20 {
         pool.wait_ready(1, Duration::from_secs(120));
         let record = run(&pool, code);
         let values: Vec<String> = served_ok(&record, mode).split(' ').map(String::from).collect();
-        assert_eq!(values.len(), 4, "{values:?}");
+        assert_eq!(values.len(), 5, "{values:?}");
         for (column, value) in seen.iter_mut().zip(values) {
             column.push(value);
         }
     }
-    for (name, column) in ["random.random", "numpy.random", "os.urandom", "hash"].iter().zip(&seen) {
+    for (name, column) in ["random.random", "numpy.random", "os.urandom", "hash", "authkey"].iter().zip(&seen) {
         let mut distinct = column.clone();
         distinct.sort();
         distinct.dedup();

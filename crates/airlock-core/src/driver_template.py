@@ -375,8 +375,9 @@ def _generators():
 
 
 def _reseed(saved):
-    """Reseeds `random` and numpy's global generator from the kernel; the
-    problem, if either still holds the template's state (fail closed)."""
+    """Reseeds `random` and numpy's global generator from the kernel, and
+    draws multiprocessing's authkey anew; the problem, if any still holds
+    the template's (fail closed)."""
     import random
 
     random.seed()
@@ -388,6 +389,16 @@ def _reseed(saved):
         numpy.random.seed()
         if template_numpy is not None and (numpy.random.get_state()[1] == template_numpy).all():
             return "numpy.random kept the template's state"
+    # multiprocessing draws its authkey once, when its process module is
+    # imported (a preload that imports concurrent.futures, joblib or
+    # scikit-learn does): each run is its own parent, with a key of its own.
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:
+        current = process.current_process()
+        template_key = bytes(current.authkey)
+        current.authkey = os.urandom(32)
+        if bytes(current.authkey) == template_key:
+            return "multiprocessing kept the template's authkey"
     return None
 
 

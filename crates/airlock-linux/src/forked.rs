@@ -409,6 +409,7 @@ impl LinuxInstance {
             failures.push(format!("removing the run's cgroup failed: {e}"));
         }
         let mut execution = self.execution(observed, stats, Some(version), &caps, None, failures);
+        execution.isolation.details.insert("host_ids".to_owned(), self.host_id.mapping.describe_for_forks());
         execution.isolation.details.insert(
             "start".to_owned(),
             "forked from a template that imported the preload and ran no code: it shares the template's host ids, \

@@ -131,6 +131,21 @@ impl IdMapping {
             ),
         }
     }
+
+    /// For the record of a run forked from a template with these ids: they
+    /// are the template's, so every run forked from it shares them, and
+    /// with them the kernel's per-user budgets (pending signals among them,
+    /// which no cgroup bounds).
+    pub fn describe_for_forks(&self) -> String {
+        match self {
+            IdMapping::Caller => self.describe(),
+            IdMapping::Reserved { uid, gid } | IdMapping::Subordinate { uid, gid, .. } => format!(
+                "uid {uid} and gid {gid}, its template's, shared with every run forked from it while they live, \
+                 and with them the kernel's per-user budgets (pending signals, inotify, locked memory, pipe \
+                 buffers; docs/design.md, \"Forked starts\")"
+            ),
+        }
+    }
 }
 
 /// A host id taken for one live sandbox; dropping it gives it back.
