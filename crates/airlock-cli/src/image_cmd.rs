@@ -185,6 +185,12 @@ pub fn run(command: ImageCommand) -> anyhow::Result<ExitCode> {
             );
             println!("built:    {} with {}, in runs {}", m.created_at, m.built_with, m.build_runs.join(", "));
             println!("lock:     sha256 {}", m.lock_sha256);
+            if m.built_from_source {
+                println!(
+                    "sources:  some packages were built from their sdists here, with build backends the index \
+                     gave unpinned (--allow-source-builds): the image is only as trusted as the index"
+                );
+            }
             println!("packages:");
             for p in &m.packages {
                 println!("  {} {}  ({} sha256 {})", p.name, p.version, p.file, p.sha256);

@@ -41,6 +41,11 @@ pub struct Manifest {
     pub build_runs: Vec<String>,
     /// What installed it: `uv 0.13.9`.
     pub built_with: String,
+    /// Whether a package was built from its sdist (`--allow-source-builds`):
+    /// its build backend, and what that needs, then came from the index as
+    /// the build asked for them, pinned by no hash. Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub built_from_source: bool,
 }
 
 /// Another image, pinned: its hash and its manifest's SHA-256.
