@@ -367,7 +367,7 @@ fn subordinate_source() -> Option<Source> {
     let uid = rustix::process::geteuid().as_raw();
     let account = files.passwd.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
-        (fields.get(2).and_then(|f| f.parse::<u32>().ok()) == Some(uid)).then(|| fields)
+        (fields.get(2).and_then(|f| f.parse::<u32>().ok()) == Some(uid)).then_some(fields)
     });
     let name = account.as_ref().map(|fields| fields[0].to_owned());
     let home = account.as_ref().and_then(|fields| fields.get(5)).map(PathBuf::from);
