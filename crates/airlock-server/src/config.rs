@@ -8,6 +8,16 @@
 //! queue = 8                     # runs waiting for a slot; past it, 429 [default: 4 x concurrency].
 //!                               # Each token with none running or waiting keeps one place
 //! max_body_bytes = 33554432     # request bodies above this get 413 [default: 32 MiB]
+//! body_bytes_in_flight = 134217728  # the most of all request bodies read at once; a body that
+//!                               # would pass it gets 429 [default: 4 x max_body_bytes]
+//! body_timeout_s = 30           # a request body must arrive whole within this, else 408 [default: 30]
+//! max_connections = 512         # connections open at once; past it a new one is closed at
+//!                               # once [default: 512]
+//! header_timeout_s = 10         # a request head (and an idle connection's next one) must
+//!                               # arrive within this, else the connection is closed [default: 10]
+//! max_mcp_sessions = 64         # MCP sessions at /mcp at once; past it `initialize` gets 429
+//!                               # [default: 64]. A session idle for 300 s ends
+//! max_mcp_sessions_per_token = 16  # the most one token holds [default: max_mcp_sessions / 4]
 //! grace_period_s = 10           # on SIGTERM, how long running runs may finish [default: 10]
 //! mcp_result_bytes = 262144     # the most one MCP tool result carries [default: 256 KiB]; past it,
 //!                               # output is cut and files, figures and images become resource links
@@ -93,6 +103,18 @@ pub const DEFAULT_QUEUE_PER_SLOT: usize = 4;
 pub const DEFAULT_MCP_RESULT_BYTES: usize = 256 << 10;
 /// The artefacts kept for later fetching, in bytes, unless the config says otherwise.
 pub const DEFAULT_ARTIFACT_STORE_BYTES: u64 = 1 << 30;
+/// Request bodies being read at once, in largest bodies, unless the config
+/// sets `body_bytes_in_flight`: a few clients may send their largest at once.
+pub const DEFAULT_BODIES_IN_FLIGHT: usize = 4;
+/// How long a request body may take to arrive unless the config says otherwise.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections open at once unless the config says otherwise: each holds a
+/// descriptor and a read buffer.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// How long a request head (and an idle connection's next one) may take.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// MCP sessions at once unless the config says otherwise.
+pub const DEFAULT_MAX_MCP_SESSIONS: usize = 64;
 
 /// The configuration file as written. [`Settings::new`] checks it.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -102,6 +124,12 @@ pub struct ServerConfig {
     pub concurrency: Option<usize>,
     pub queue: Option<usize>,
     pub max_body_bytes: Option<usize>,
+    pub body_bytes_in_flight: Option<usize>,
+    pub body_timeout_s: Option<f64>,
+    pub max_connections: Option<usize>,
+    pub header_timeout_s: Option<f64>,
+    pub max_mcp_sessions: Option<usize>,
+    pub max_mcp_sessions_per_token: Option<usize>,
     pub grace_period_s: Option<f64>,
     pub mcp_result_bytes: Option<usize>,
     pub artifact_store_bytes: Option<u64>,
@@ -138,6 +166,10 @@ pub struct PoolConfig {
 pub const MAX_POOL_SIZE: usize = 64;
 /// The largest memory budget a pool takes, MiB (1 TiB).
 const MAX_BUDGET_MB: u64 = 1 << 20;
+/// The most connections the server holds: each is a descriptor.
+const MAX_CONNECTIONS: usize = 1 << 20;
+/// The most MCP sessions the server holds: each is a task and its buffers.
+const MAX_MCP_SESSIONS: usize = 1 << 16;
 
 /// A bearer token, kept as the SHA-256 of the token: the file never holds
 /// the token itself.
@@ -226,6 +258,17 @@ pub struct Settings {
     pub concurrency: usize,
     pub queue: usize,
     pub max_body_bytes: usize,
+    /// The most of all request bodies the server reads at once, in bytes.
+    pub body_bytes_in_flight: usize,
+    /// How long a request body may take to arrive whole.
+    pub body_timeout: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// How long a request head, or an idle connection's next one, may take.
+    pub header_timeout: Duration,
+    /// MCP sessions at once, in all and per token.
+    pub max_mcp_sessions: usize,
+    pub max_mcp_sessions_per_token: usize,
     pub grace_period: Duration,
     /// The most one MCP tool result carries, in bytes.
     pub mcp_result_bytes: usize,
@@ -276,6 +319,41 @@ impl Settings {
         if max_body_bytes < 1024 {
             return Err(invalid("max_body_bytes", "must be at least 1024 bytes, room for a small run"));
         }
+        let body_bytes_in_flight =
+            config.body_bytes_in_flight.unwrap_or(max_body_bytes.saturating_mul(DEFAULT_BODIES_IN_FLIGHT));
+        if body_bytes_in_flight < max_body_bytes {
+            return Err(invalid(
+                "body_bytes_in_flight",
+                &format!(
+                    "{body_bytes_in_flight} bytes is less than max_body_bytes ({max_body_bytes}): the largest body could never be read"
+                ),
+            ));
+        }
+        let body_timeout = seconds("body_timeout_s", config.body_timeout_s, DEFAULT_BODY_TIMEOUT, 0.1..=3600.0)?;
+        let max_connections = config.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if !(1..=MAX_CONNECTIONS).contains(&max_connections) {
+            return Err(invalid(
+                "max_connections",
+                &format!("{max_connections} is not a number of connections from 1 to {MAX_CONNECTIONS}"),
+            ));
+        }
+        let header_timeout = seconds("header_timeout_s", config.header_timeout_s, DEFAULT_HEADER_TIMEOUT, 0.1..=600.0)?;
+        let max_mcp_sessions = config.max_mcp_sessions.unwrap_or(DEFAULT_MAX_MCP_SESSIONS);
+        if !(1..=MAX_MCP_SESSIONS).contains(&max_mcp_sessions) {
+            return Err(invalid(
+                "max_mcp_sessions",
+                &format!("{max_mcp_sessions} is not a number of sessions from 1 to {MAX_MCP_SESSIONS}"),
+            ));
+        }
+        let max_mcp_sessions_per_token = config.max_mcp_sessions_per_token.unwrap_or((max_mcp_sessions / 4).max(1));
+        if !(1..=max_mcp_sessions).contains(&max_mcp_sessions_per_token) {
+            return Err(invalid(
+                "max_mcp_sessions_per_token",
+                &format!(
+                    "{max_mcp_sessions_per_token} is not a number of sessions from 1 to max_mcp_sessions ({max_mcp_sessions})"
+                ),
+            ));
+        }
         let grace_period = match config.grace_period_s {
             None => DEFAULT_GRACE_PERIOD,
             Some(s) if s.is_finite() && (0.0..=3600.0).contains(&s) => Duration::from_secs_f64(s),
@@ -309,6 +387,12 @@ impl Settings {
             concurrency,
             queue,
             max_body_bytes,
+            body_bytes_in_flight,
+            body_timeout,
+            max_connections,
+            header_timeout,
+            max_mcp_sessions,
+            max_mcp_sessions_per_token,
             grace_period,
             mcp_result_bytes,
             artifact_store_bytes,
@@ -406,6 +490,22 @@ pub fn token_sha256(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
+/// A number of seconds from the config, within `range`, or `default`.
+fn seconds(
+    setting: &str,
+    value: Option<f64>,
+    default: Duration,
+    range: std::ops::RangeInclusive<f64>,
+) -> Result<Duration, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(s) if s.is_finite() && range.contains(&s) => Ok(Duration::from_secs_f64(s)),
+        Some(s) => {
+            Err(invalid(setting, &format!("{s} is not a number of seconds from {} to {}", range.start(), range.end())))
+        }
+    }
+}
+
 fn invalid(setting: &str, message: &str) -> ConfigError {
     ConfigError::Invalid { setting: setting.to_owned(), message: message.to_owned() }
 }
@@ -475,6 +575,33 @@ mod tests {
         assert_eq!(s.listen, DEFAULT_LISTEN);
         assert_eq!(s.defaults, Policy::default());
         assert!(s.tokens.is_empty());
+    }
+
+    #[test]
+    fn the_front_door_limits_have_defaults_and_are_checked() {
+        let s = settings("").unwrap();
+        assert_eq!(s.body_bytes_in_flight, 4 * DEFAULT_MAX_BODY_BYTES);
+        assert_eq!((s.body_timeout, s.header_timeout), (DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT));
+        assert_eq!(s.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!((s.max_mcp_sessions, s.max_mcp_sessions_per_token), (64, 16));
+        let s = settings("max_body_bytes = 4096\nmax_mcp_sessions = 2\nheader_timeout_s = 0.5").unwrap();
+        assert_eq!((s.body_bytes_in_flight, s.max_mcp_sessions_per_token), (4 * 4096, 1));
+        assert_eq!(s.header_timeout, Duration::from_millis(500));
+        for (bad, setting) in [
+            ("body_bytes_in_flight = 1000", "body_bytes_in_flight: 1000 bytes is less than max_body_bytes"),
+            ("body_timeout_s = 0", "body_timeout_s: 0 is not a number of seconds"),
+            ("body_timeout_s = nan", "body_timeout_s"),
+            ("header_timeout_s = 601", "header_timeout_s: 601 is not"),
+            ("max_connections = 0", "max_connections: 0 is not"),
+            ("max_mcp_sessions = 0", "max_mcp_sessions: 0 is not"),
+            (
+                "max_mcp_sessions_per_token = 65",
+                "max_mcp_sessions_per_token: 65 is not a number of sessions from 1 to max_mcp_sessions (64)",
+            ),
+        ] {
+            let error = settings(bad).unwrap_err().to_string();
+            assert!(error.contains(setting), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -17,14 +17,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Extension, Json, Router};
-use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 
-use rmcp::transport::streamable_http_server::StreamableHttpService;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-
+use crate::connections::{BodyError, BodyLease, ReadError};
 use crate::engine::{Engine, RunError, RunJob, StopReason};
-use crate::mcp::McpServer;
+use crate::mcp::McpHttp;
 pub use crate::request::{FileBody, RunBody};
 
 /// Every route, as the OpenAPI document lists it: (method, path).
@@ -53,7 +50,7 @@ pub struct ErrorBody {
 #[schemars(deny_unknown_fields)]
 pub struct ErrorDetail {
     /// A stable word: bad_request, unauthorized, forbidden, not_found, gone,
-    /// method_not_allowed, not_acceptable, payload_too_large,
+    /// method_not_allowed, not_acceptable, request_timeout, payload_too_large,
     /// unsupported_media_type, busy, shutting_down, stopped, sandbox_error,
     /// audit_failed, audit_disk_full, mcp_error.
     pub code: String,
@@ -198,17 +195,25 @@ async fn json_bytes(headers: &HeaderMap, body: Body, cap: usize) -> Result<Bytes
 }
 
 /// The whole body, or 413 once it passes `cap` (declared or not: a
-/// chunked body is counted as it comes).
+/// chunked body is counted as it comes); 408 when it does not arrive
+/// within `body_timeout_s`, 429 (with Retry-After) when the server is
+/// reading as much as `body_bytes_in_flight` allows ([`crate::connections`]).
 async fn read_capped(body: Body, cap: usize) -> Result<Bytes, ApiError> {
-    match http_body_util::Limited::new(body, cap).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-            Err(ApiError::payload_too_large(cap))
+    crate::connections::read_body(body, cap).await.map_err(|error| {
+        let message = error.to_string();
+        match error {
+            ReadError::TooLarge(cap) => ApiError::payload_too_large(cap),
+            ReadError::Body(BodyError::TimedOut(_)) => {
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
+            }
+            // Busy as when every run slot is taken: the server's, not this token's, limit.
+            ReadError::Body(BodyError::OverBudget(_)) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+                .header(header::RETRY_AFTER, HeaderValue::from_static("1")),
+            ReadError::Body(BodyError::Read(_)) | ReadError::Other(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+            }
         }
-        Err(error) => {
-            Err(ApiError::new(StatusCode::BAD_REQUEST, "bad_request", format!("the body could not be read: {error}")))
-        }
-    }
+    })
 }
 
 type Shared = Arc<Engine>;
@@ -216,7 +221,7 @@ type Shared = Arc<Engine>;
 /// The router: the API behind bearer tokens, `/healthz` and
 /// `/openapi.json` open, `mcp` (MCP over streamable HTTP) mounted at `/mcp`.
 /// A new part of the server mounts itself in [`mounts`].
-pub fn router(engine: Shared, mcp: StreamableHttpService<McpServer, LocalSessionManager>) -> Router {
+pub fn router(engine: Shared, mcp: McpHttp) -> Router {
     let cap = engine.settings().max_body_bytes;
     let api = Router::new()
         .route("/v1/runs", post(create_run).get(list_runs).fallback(not_allowed("/v1/runs")))
@@ -268,21 +273,57 @@ fn not_allowed(path: &'static str) -> impl Fn() -> std::future::Ready<ApiError> 
     }
 }
 
-/// MCP at `/mcp`: the body capped here (413, also for a chunked body), the
-/// session's DELETE answered 204 as MCP clients expect, and the transport's
-/// own refusals (406, 415, 404...) as [`ErrorBody`]s.
-async fn mcp_adapter(
-    mcp: StreamableHttpService<McpServer, LocalSessionManager>,
-    cap: usize,
-    request: Request,
-) -> Response {
-    let (parts, body) = request.into_parts();
+/// MCP at `/mcp`: the body capped here (413, also for a chunked body), a
+/// new session (a request without `Mcp-Session-Id`) opened only within the
+/// caps of [`crate::mcp::SessionBook`] (429 past them), a session used only
+/// by the token that opened it (another's is as absent as one that never
+/// was), the session's DELETE answered 204 as MCP clients expect, and the
+/// transport's own refusals (406, 415, 404...) as [`ErrorBody`]s.
+async fn mcp_adapter(mcp: McpHttp, cap: usize, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    // Held until the transport has parsed the bytes: they stay counted in body_bytes_in_flight.
+    let lease = parts.extensions.remove::<BodyLease>();
+    let Some(caller) = parts.extensions.get::<Caller>().cloned() else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this endpoint needs Authorization: Bearer <token>",
+        )
+        .into_response();
+    };
+    // Read before any refusal, so that the connection stays usable after one.
     let bytes = match read_capped(body, cap).await {
         Ok(bytes) => bytes,
         Err(refused) => return refused.into_response(),
     };
+    let session =
+        parts.headers.get("mcp-session-id").map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+    let ticket = match &session {
+        Some(id) if !mcp.sessions.is_owned_by(id, &caller.name) => {
+            return ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("there is no MCP session {id:?} for this token; start one with initialize"),
+            )
+            .into_response();
+        }
+        Some(_) => None,
+        None if parts.method == Method::POST => match mcp.sessions.reserve(&caller.name) {
+            Ok(ticket) => Some(ticket),
+            Err(full) => return ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", full.to_string()).into_response(),
+        },
+        None => None,
+    };
+    if let Some(ticket) = &ticket {
+        parts.extensions.insert(ticket.clone());
+    }
     let method = parts.method.clone();
-    let response = mcp.handle(Request::from_parts(parts, Body::from(bytes))).await.map(Body::new);
+    let response = mcp.service.handle(Request::from_parts(parts, Body::from(bytes))).await.map(Body::new);
+    // The session, if one was opened, holds its place now; else it is given back.
+    if let Some(ticket) = &ticket {
+        ticket.release();
+    }
+    drop(lease);
     let status = response.status();
     if method == Method::DELETE && status == StatusCode::ACCEPTED {
         return StatusCode::NO_CONTENT.into_response();

@@ -31,6 +31,7 @@
 
 pub mod artifacts;
 pub mod config;
+pub mod connections;
 pub mod console;
 pub mod engine;
 pub mod http;
@@ -104,9 +105,10 @@ fn raise_open_files_limit() {
 }
 
 /// Serves the HTTP API and MCP at `/mcp` on `listener` until `shutdown`
-/// completes; then drains as [`Engine::shutdown`] does, still answering
-/// meanwhile (`/healthz` says `shutting_down`, new runs get 503), and
-/// returns once every sandbox is gone and the answers are out.
+/// completes, within the connection, head, body and session limits of the
+/// settings ([`connections`]); then drains as [`Engine::shutdown`] does,
+/// still answering meanwhile (`/healthz` says `shutting_down`, new runs get
+/// 503), and returns once every sandbox is gone and the answers are out.
 pub async fn serve_http(
     engine: Arc<Engine>,
     listener: tokio::net::TcpListener,
@@ -114,32 +116,23 @@ pub async fn serve_http(
 ) -> std::io::Result<()> {
     // Drained: every run ended or killed; then the listener closes.
     let drained = CancellationToken::new();
-    // Set if the server ends by itself (an error): drain at once.
-    let ended = CancellationToken::new();
     let app = http::router(engine.clone(), mcp::http_service(engine.clone(), drained.child_token()));
     let draining = tokio::spawn({
         let engine = engine.clone();
-        let (drained, ended) = (drained.clone(), ended.clone());
+        let drained = drained.clone();
         async move {
-            tokio::select! {
-                () = shutdown => {}
-                () = ended.cancelled() => {}
-            }
+            shutdown.await;
             engine.shutdown().await;
             drained.cancel();
         }
     });
-    let server = axum::serve(listener, app).with_graceful_shutdown(drained.clone().cancelled_owned());
     // Connections still open this long after the drain (a client that never
     // reads its answer, an idle MCP stream) are dropped.
     let patience = std::time::Duration::from_secs(5);
-    let result = tokio::select! {
-        result = server => result,
-        () = async { drained.cancelled().await; tokio::time::sleep(patience).await } => Ok(()),
-    };
-    ended.cancel();
-    draining.await.map_err(|error| std::io::Error::other(format!("draining the runs failed: {error}")))?;
-    result
+    // Serves until the drain: the accept loop outlives every failed
+    // connection and every refused accept.
+    connections::serve(listener, app, engine.settings(), drained, patience).await;
+    draining.await.map_err(|error| std::io::Error::other(format!("draining the runs failed: {error}")))
 }
 
 /// Serves MCP on standard input and output until the client closes it (runs

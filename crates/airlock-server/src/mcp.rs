@@ -23,8 +23,10 @@ use rmcp::model::{
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
     ReadResourceResult, Resource, ResourceContents, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
+use rmcp::model::{ClientJsonRpcMessage, GetExtensions as _, ServerJsonRpcMessage};
 use rmcp::service::{RequestContext, RoleServer};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
+use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -583,21 +585,263 @@ fn mime_type(path: &str) -> &'static str {
     }
 }
 
-/// MCP over streamable HTTP, for mounting at `/mcp`. Cancelling `shutdown`
-/// ends every session.
-pub fn http_service(
-    engine: Arc<Engine>,
-    shutdown: CancellationToken,
-) -> StreamableHttpService<McpServer, LocalSessionManager> {
+/// MCP over streamable HTTP, as [`http_service`] makes it.
+pub type McpService = StreamableHttpService<McpServer, CappedSessions>;
+
+/// MCP over streamable HTTP, for mounting at `/mcp`: the service and the
+/// book of its sessions, which the mount consults before the service.
+#[derive(Clone)]
+pub struct McpHttp {
+    pub service: McpService,
+    pub sessions: Arc<SessionBook>,
+}
+
+impl std::fmt::Debug for McpHttp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpHttp").field("sessions", &self.sessions).finish_non_exhaustive()
+    }
+}
+
+/// MCP over streamable HTTP, for mounting at `/mcp`, its sessions capped as
+/// the settings say ([`SessionBook`]). Cancelling `shutdown` ends every
+/// session.
+pub fn http_service(engine: Arc<Engine>, shutdown: CancellationToken) -> McpHttp {
     // The Host check guards a loopback server without credentials against
     // DNS rebinding; here every request needs a bearer token a browser page
     // does not have, and the check would refuse every non-loopback deployment.
     let config = StreamableHttpServerConfig::default().with_cancellation_token(shutdown).disable_allowed_hosts();
-    StreamableHttpService::new(
+    let settings = engine.settings();
+    let sessions = Arc::new(SessionBook::new(settings.max_mcp_sessions, settings.max_mcp_sessions_per_token));
+    let manager = CappedSessions { inner: LocalSessionManager::default(), book: sessions.clone() };
+    let service = StreamableHttpService::new(
         move || Ok(McpServer { engine: engine.clone(), principal: None, over_http: true }),
-        Default::default(),
+        Arc::new(manager),
         config,
-    )
+    );
+    McpHttp { service, sessions }
+}
+
+/// The MCP sessions open over HTTP, each bound to the token that opened
+/// it: at most `total` in all and `per_token` for one token. Each costs a
+/// task and its buffers for as long as it lives (until `DELETE /mcp`, or
+/// 300 s idle), so without a cap `initialize` in a loop fills the memory.
+#[derive(Debug)]
+pub struct SessionBook {
+    total: usize,
+    per_token: usize,
+    state: std::sync::Mutex<Booked>,
+}
+
+#[derive(Debug, Default)]
+struct Booked {
+    /// Session id -> the name of the token that opened it.
+    owners: std::collections::HashMap<String, String>,
+    /// Token name -> its sessions, open or being opened.
+    held: std::collections::HashMap<String, usize>,
+    /// Sessions open or being opened, in all.
+    all: usize,
+}
+
+/// Why a session was not opened: the cap reached, naming its setting.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionsFull {
+    #[error(
+        "this token holds {0} MCP sessions, the most max_mcp_sessions_per_token allows; end one (DELETE /mcp with its Mcp-Session-Id) or let one go idle for 300 s"
+    )]
+    ForToken(usize),
+    #[error(
+        "the server holds {0} MCP sessions, the most max_mcp_sessions allows; end one (DELETE /mcp with its Mcp-Session-Id), or ask the operator to raise max_mcp_sessions"
+    )]
+    InAll(usize),
+}
+
+impl SessionBook {
+    pub fn new(total: usize, per_token: usize) -> SessionBook {
+        SessionBook { total, per_token, state: std::sync::Mutex::default() }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Booked> {
+        // The book is consistent after every statement: a panic elsewhere leaves it usable.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A place for a new session of `token`, if the caps leave one: held
+    /// until the session is opened on it, given back if it never is.
+    pub fn reserve(self: &Arc<SessionBook>, token: &str) -> Result<SessionTicket, SessionsFull> {
+        let mut state = self.state();
+        let held = state.held.get(token).copied().unwrap_or(0);
+        if held >= self.per_token {
+            return Err(SessionsFull::ForToken(held));
+        }
+        if state.all >= self.total {
+            return Err(SessionsFull::InAll(state.all));
+        }
+        state.all += 1;
+        *state.held.entry(token.to_owned()).or_default() += 1;
+        let place = Reservation { book: self.clone(), token: Some(token.to_owned()) };
+        Ok(SessionTicket(Arc::new(std::sync::Mutex::new(Some(place)))))
+    }
+
+    /// Whether session `id` is open and was opened by `token`.
+    pub fn is_owned_by(&self, id: &str, token: &str) -> bool {
+        self.state().owners.get(id).is_some_and(|owner| owner == token)
+    }
+
+    /// Sessions open or being opened, in all.
+    pub fn open(&self) -> usize {
+        self.state().all
+    }
+
+    fn give_back(&self, token: &str) {
+        let mut state = self.state();
+        state.all = state.all.saturating_sub(1);
+        if let Some(held) = state.held.get_mut(token) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                state.held.remove(token);
+            }
+        }
+    }
+
+    /// Binds session `id` to the token of `place`, which keeps its place.
+    fn bind(&self, id: &str, mut place: Reservation) {
+        if let Some(token) = place.token.take() {
+            self.state().owners.insert(id.to_owned(), token);
+        }
+    }
+
+    /// Session `id` ended: its place is given back.
+    fn closed(&self, id: &str) {
+        let token = self.state().owners.remove(id);
+        if let Some(token) = token {
+            self.give_back(&token);
+        }
+    }
+}
+
+/// A place reserved in the book for `token`, given back when dropped unless
+/// a session was opened on it (which takes the token).
+#[derive(Debug)]
+struct Reservation {
+    book: Arc<SessionBook>,
+    token: Option<String>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(token) = self.token.take() {
+            self.book.give_back(&token);
+        }
+    }
+}
+
+/// The place an `initialize` request holds, in its extensions, until the
+/// session manager opens a session on it.
+#[derive(Clone, Debug)]
+pub struct SessionTicket(Arc<std::sync::Mutex<Option<Reservation>>>);
+
+impl SessionTicket {
+    fn take(&self) -> Option<Reservation> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+
+    /// Gives the place back if no session was opened on it.
+    pub fn release(&self) {
+        drop(self.take());
+    }
+}
+
+/// Why the session manager refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+    #[error("an MCP session is opened only through /mcp, which reserves its place")]
+    NoTicket,
+}
+
+/// rmcp's in-memory sessions, each opened on a place of the [`SessionBook`]
+/// and given back when it closes.
+#[derive(Debug)]
+pub struct CappedSessions {
+    inner: LocalSessionManager,
+    book: Arc<SessionBook>,
+}
+
+impl SessionManager for CappedSessions {
+    type Error = SessionError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), SessionError> {
+        Ok(self.inner.create_session().await?)
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, SessionError> {
+        let place = match &message {
+            ClientJsonRpcMessage::Request(request) => request
+                .request
+                .extensions()
+                .get::<axum::http::request::Parts>()
+                .and_then(|parts| parts.extensions.get::<SessionTicket>())
+                .and_then(SessionTicket::take),
+            _ => None,
+        };
+        let Some(place) = place else {
+            let _ = self.inner.close_session(id).await;
+            return Err(SessionError::NoTicket);
+        };
+        // Bound before the session can close, so that its close gives the place back.
+        self.book.bind(id, place);
+        match self.inner.initialize_session(id, message).await {
+            Ok(answer) => Ok(answer),
+            Err(error) => {
+                self.book.closed(id);
+                let _ = self.inner.close_session(id).await;
+                Err(error.into())
+            }
+        }
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, SessionError> {
+        Ok(self.inner.has_session(id).await?)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), SessionError> {
+        let closed = self.inner.close_session(id).await;
+        self.book.closed(id);
+        Ok(closed?)
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl futures_core::Stream<Item = ServerSseMessage> + Send + Sync + 'static, SessionError> {
+        Ok(self.inner.create_stream(id, message).await?)
+    }
+
+    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), SessionError> {
+        Ok(self.inner.accept_message(id, message).await?)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl futures_core::Stream<Item = ServerSseMessage> + Send + Sync + 'static, SessionError> {
+        Ok(self.inner.create_standalone_stream(id).await?)
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl futures_core::Stream<Item = ServerSseMessage> + Send + Sync + 'static, SessionError> {
+        Ok(self.inner.resume(id, last_event_id).await?)
+    }
 }
 
 /// Serves MCP on standard input and output until the client goes away.
@@ -609,4 +853,34 @@ pub async fn serve_stdio(engine: Arc<Engine>, principal: Option<String>) -> Resu
         .map_err(|error| std::io::Error::other(format!("MCP over stdio could not start: {error}")))?;
     service.waiting().await.map_err(|error| std::io::Error::other(format!("MCP over stdio: {error}")))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod session_tests {
+    use super::*;
+
+    #[test]
+    fn sessions_are_capped_per_token_and_in_all_and_places_come_back() {
+        let book = Arc::new(SessionBook::new(3, 2));
+        let a1 = book.reserve("a").unwrap();
+        let a2 = book.reserve("a").unwrap();
+        assert!(matches!(book.reserve("a"), Err(SessionsFull::ForToken(2))));
+        let b1 = book.reserve("b").unwrap();
+        let error = book.reserve("b").unwrap_err();
+        assert!(error.to_string().contains("max_mcp_sessions allows"), "{error}");
+        // A ticket no session was opened on gives its place back.
+        a2.release();
+        assert_eq!(book.open(), 2);
+        book.bind("s1", a1.take().unwrap());
+        book.bind("s2", b1.take().unwrap());
+        assert!(book.is_owned_by("s1", "a") && !book.is_owned_by("s1", "b") && !book.is_owned_by("s3", "a"));
+        drop((a1, b1));
+        assert_eq!(book.open(), 2, "an opened session keeps its place");
+        book.closed("s1");
+        book.closed("s1");
+        assert_eq!(book.open(), 1, "closing twice gives back once");
+        assert!(!book.is_owned_by("s1", "a"));
+        book.reserve("a").unwrap().release();
+        assert_eq!(book.open(), 1);
+    }
 }

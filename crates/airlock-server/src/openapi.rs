@@ -36,9 +36,10 @@ pub fn document(engine: &Engine) -> Value {
                         ("400", "A body that does not fit the schema (the field is named), or files past a cap", Some("ErrorBody")),
                         ("401", "No token, or one that is not valid here", Some("ErrorBody")),
                         ("409", "The run was cancelled (its record is in the audit store; `run_id`)", Some("ErrorBody")),
+                        ("408", "The body did not arrive whole within body_timeout_s", Some("ErrorBody")),
                         ("413", "The body is above the server's cap", Some("ErrorBody")),
                         ("415", "The body is not JSON", Some("ErrorBody")),
-                        ("429", "Every slot and the queue are full, or the rest are kept for tokens that hold none; see Retry-After", Some("ErrorBody")),
+                        ("429", "Every slot and the queue are full, or the rest are kept for tokens that hold none, or the server is reading as many body bytes as body_bytes_in_flight allows; see Retry-After", Some("ErrorBody")),
                         ("500", "The sandbox could not be made, or the run could not be recorded", Some("ErrorBody")),
                         ("503", "The server is shutting down: no new runs, and a run still going at the end of \
                             the grace period is stopped (`stopped`, with its `run_id`)", Some("ErrorBody")),
@@ -154,8 +155,13 @@ fn mcp_paths(cap: usize) -> Value {
     };
     let mut post = refusals(&[
         ("406", "The request does not accept both application/json and text/event-stream"),
+        ("408", "The body did not arrive whole within body_timeout_s"),
         ("413", &format!("The body is above the server's cap of {cap} bytes")),
         ("415", "The body is not JSON"),
+        (
+            "429",
+            "The token or the server holds as many MCP sessions as max_mcp_sessions_per_token or max_mcp_sessions allow, or the server is reading as many body bytes as body_bytes_in_flight allows",
+        ),
     ]);
     post.insert("200".to_owned(), json!({"description": "A JSON-RPC answer, as JSON or an event stream",
         "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}}}));

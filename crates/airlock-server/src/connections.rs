@@ -1,0 +1,313 @@
+//! The server's front door: the accept loop and what bounds it.
+//!
+//! Whoever can reach the port can open connections, and every token holder
+//! can send bodies, so each costs the server only what the operator allows:
+//!
+//! - at most `max_connections` connections are open at once; past it a new
+//!   one is closed as soon as it is accepted, so a crowd of idle sockets
+//!   never takes the server's descriptors;
+//! - a request head must arrive within `header_timeout_s`, and so must an
+//!   idle keep-alive connection's next one, else the connection is closed
+//!   (a response, such as MCP's long-lived event stream, has no time limit);
+//! - a request body must arrive whole within `body_timeout_s` (408), and
+//!   the bodies being read hold at most `body_bytes_in_flight` bytes in all
+//!   (429 for the body that would pass it): the bytes are counted as they
+//!   are read and given back once the request's body and its
+//!   [`BodyLease`] are gone.
+//!
+//! On shutdown the listener closes, open connections finish the answer in
+//! hand, and those still open after the patience given are dropped.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::Request;
+use http_body_util::BodyExt as _;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use crate::config::Settings;
+
+/// The most a connection buffers of a request head (a larger head gets
+/// 431): hyper's read buffer, which otherwise grows to about 400 KiB a
+/// connection.
+const MAX_HEAD_BUFFER: usize = 64 << 10;
+
+/// How long the accept loop waits after the system refused a connection
+/// (out of descriptors, say) before it tries again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Serves `app` on `listener` until `stop` is cancelled, within the limits
+/// of `settings` (see the module's doc); then closes the listener, lets
+/// open connections finish their answers, and drops those still open after
+/// `patience`.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    settings: &Settings,
+    stop: CancellationToken,
+    patience: Duration,
+) {
+    let budget = Arc::new(BodyBudget::new(settings.body_bytes_in_flight));
+    let body_timeout = settings.body_timeout;
+    let service = TowerToHyperService::new(app.map_request(move |request: Request<Incoming>| {
+        let lease = BodyLease(Arc::new(Lease { budget: budget.clone(), bytes: AtomicUsize::new(0) }));
+        let (mut parts, body) = request.into_parts();
+        parts.extensions.insert(lease.clone());
+        let body = MeteredBody { inner: body, lease, timeout: body_timeout, deadline: None };
+        Request::from_parts(parts, Body::new(body))
+    }));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(settings.header_timeout).max_buf_size(MAX_HEAD_BUFFER);
+    let open = Arc::new(Semaphore::new(settings.max_connections));
+    let graceful = GracefulShutdown::new();
+    // Owned here, so that dropping them after the patience ends them.
+    let mut connections = JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            () = stop.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(_) => {
+                    // A connection reset before it was accepted, or no
+                    // descriptor left: neither ends the server.
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(place) = open.clone().try_acquire_owned() else {
+            // Past max_connections: closed at once, holding nothing.
+            drop(stream);
+            continue;
+        };
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        connections.spawn(async move {
+            // A connection's error (a timeout, a reset) is its client's affair.
+            let _ = connection.await;
+            drop(place);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(patience) => {}
+    }
+    connections.shutdown().await;
+}
+
+/// The bytes of request bodies being read, server-wide.
+#[derive(Debug)]
+struct BodyBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl BodyBudget {
+    fn new(limit: usize) -> BodyBudget {
+        BodyBudget { limit, used: AtomicUsize::new(0) }
+    }
+
+    /// Takes `bytes` from the budget, if it has them.
+    fn take(&self, bytes: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// What one request's body has taken from the budget, given back when the
+/// last holder is gone.
+#[derive(Debug)]
+struct Lease {
+    budget: Arc<BodyBudget>,
+    bytes: AtomicUsize,
+}
+
+impl Lease {
+    fn take(&self, bytes: usize) -> bool {
+        let taken = self.budget.take(bytes);
+        if taken {
+            self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        }
+        taken
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.budget.give(*self.bytes.get_mut());
+    }
+}
+
+/// A request's hold on the bytes its body took from `body_bytes_in_flight`,
+/// in its extensions: a handler that keeps it past reading the body (until
+/// it has parsed the bytes) keeps them counted.
+#[derive(Clone, Debug)]
+pub struct BodyLease(Arc<Lease>);
+
+/// Why a request body was not read whole.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error(
+        "the request body did not arrive whole within {} s (body_timeout_s); send it faster, or ask the operator to raise body_timeout_s",
+        .0.as_secs_f64()
+    )]
+    TimedOut(Duration),
+    #[error(
+        "the server is already reading {0} bytes of request bodies, the most body_bytes_in_flight allows; retry shortly, or ask the operator to raise body_bytes_in_flight"
+    )]
+    OverBudget(usize),
+    #[error("the request body could not be read: {0}")]
+    Read(#[from] hyper::Error),
+}
+
+/// A request body read within `body_timeout_s` (counted from its first
+/// read) and `body_bytes_in_flight`.
+struct MeteredBody {
+    inner: Incoming,
+    lease: BodyLease,
+    timeout: Duration,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl hyper::body::Body for MeteredBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if this.inner.is_end_stream() {
+            return Poll::Ready(None);
+        }
+        let timeout = this.timeout;
+        let deadline = this.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let size = frame.data_ref().map_or(0, Bytes::len);
+                if this.lease.0.take(size) {
+                    Poll::Ready(Some(Ok(frame)))
+                } else {
+                    Poll::Ready(Some(Err(BodyError::OverBudget(this.lease.0.budget.limit))))
+                }
+            }
+            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(BodyError::Read(error)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::TimedOut(timeout)))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Why [`read_body`] returned no body.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("the request body is above the server's cap of {0} bytes (max_body_bytes)")]
+    TooLarge(usize),
+    #[error(transparent)]
+    Body(BodyError),
+    #[error("the request body could not be read: {0}")]
+    Other(axum::Error),
+}
+
+/// The whole of `body`, at most `cap` bytes: refused at once when its
+/// declared length is past the cap, and as soon as a chunked body passes it.
+pub async fn read_body(mut body: Body, cap: usize) -> Result<Bytes, ReadError> {
+    if usize::try_from(body.size_hint().lower()).map_or(true, |declared| declared > cap) {
+        return Err(ReadError::TooLarge(cap));
+    }
+    // A declared length is allocated once (its pages are touched only as
+    // bytes arrive); growing by doubling would copy, and hold up to twice
+    // what the budget counts.
+    let declared = body.size_hint().exact().and_then(|length| usize::try_from(length).ok());
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| match error.into_inner().downcast::<BodyError>() {
+            Ok(body) => ReadError::Body(*body),
+            Err(other) => ReadError::Other(axum::Error::new(other)),
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if bytes.len().saturating_add(data.len()) > cap {
+                return Err(ReadError::TooLarge(cap));
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_take_from_the_budget_until_it_is_spent_and_give_back_when_dropped() {
+        let budget = Arc::new(BodyBudget::new(100));
+        let first = Lease { budget: budget.clone(), bytes: AtomicUsize::new(0) };
+        assert!(first.take(60));
+        let second = Lease { budget: budget.clone(), bytes: AtomicUsize::new(0) };
+        assert!(!second.take(41), "past the budget");
+        assert!(second.take(40));
+        assert!(!second.take(1));
+        drop(first);
+        assert_eq!(budget.used.load(Ordering::Acquire), 40);
+        assert!(second.take(60));
+        drop(second);
+        assert_eq!(budget.used.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_cap_is_refused_declared_or_not() {
+        let body = Body::from(vec![b'x'; 2048]);
+        assert!(matches!(read_body(body, 1024).await, Err(ReadError::TooLarge(1024))));
+        let chunks = Body::new(Chunks(vec![Bytes::from(vec![b'x'; 800]), Bytes::from(vec![b'x'; 800])]));
+        assert!(matches!(read_body(chunks, 1024).await, Err(ReadError::TooLarge(1024))));
+        let body = read_body(Body::from("{}"), 1024).await.ok();
+        assert_eq!(body.as_deref(), Some(&b"{}"[..]));
+    }
+
+    /// A body sent in chunks, its length not declared.
+    struct Chunks(Vec<Bytes>);
+
+    impl hyper::body::Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let next = (!self.0.is_empty()).then(|| self.0.remove(0));
+            Poll::Ready(next.map(|chunk| Ok(Frame::data(chunk))))
+        }
+    }
+}
