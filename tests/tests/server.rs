@@ -362,7 +362,7 @@ fn every_documented_route_answers_and_no_other() {
 
 #[test]
 fn bad_requests_get_400_naming_the_reason() {
-    let server = Server::start("max_body_bytes = 65536\n[defaults]\ndisk_inodes = 64", &[]);
+    let server = Server::start("max_body_bytes = 65536\nmax_code_bytes = 4096\n[defaults]\ndisk_inodes = 64", &[]);
     let post = |body: &str| {
         client()
             .post(server.url("/v1/runs"))
@@ -396,6 +396,10 @@ fn bad_requests_get_400_naming_the_reason() {
     assert_eq!((status, answer["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("policy.timeout_s")));
     let (status, answer) = json_of(post("{\"code\": \"1\", \"policy\": {\"memory_mb\": 1}}"));
     assert_eq!((status, answer["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("policy.memory_mb")));
+    // Code past max_code_bytes (the audit store keeps and indexes every
+    // run's code: before, one 30 MiB code grew it by 170 MiB).
+    let (status, answer) = json_of(post(&format!("{{\"code\": \"{}\"}}", "1".repeat(5000))));
+    assert_eq!((status, answer["error"]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("code")), "{answer}");
     // More files, or more outputs, than /work can hold (64 files and
     // folders here): refused before any is copied or read. Before, the
     // files were checked in a time that grew with the square of their

@@ -8,6 +8,8 @@
 //! queue = 8                     # runs waiting for a slot; past it, 429 [default: 4 x concurrency].
 //!                               # Each token with none running or waiting keeps one place
 //! max_body_bytes = 33554432     # request bodies above this get 413 [default: 32 MiB]
+//! max_code_bytes = 1048576      # a run's code above this gets 400; the audit store keeps every
+//!                               # run's code, indexed, at about 6 times its size [default: 1 MiB]
 //! body_bytes_in_flight = 134217728  # the most of all request bodies read at once; a body that
 //!                               # would pass it gets 429 [default: 4 x max_body_bytes]
 //! body_timeout_s = 30           # a request body must arrive whole within this, else 408 [default: 30]
@@ -94,6 +96,10 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8750";
 /// Request bodies above this get 413 unless the config says otherwise: room
 /// for the default 16 MiB file cap in base64 with some to spare.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+/// A run's code above this gets 400 unless the config says otherwise: a
+/// model's code is kilobytes, and the audit store keeps each run's, indexed
+/// for search, at about six times its size.
+pub const DEFAULT_MAX_CODE_BYTES: usize = 1 << 20;
 /// How long runs may go on after SIGTERM before they are killed.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(10);
 /// Waiting runs per slot when the config does not size the queue.
@@ -124,6 +130,7 @@ pub struct ServerConfig {
     pub concurrency: Option<usize>,
     pub queue: Option<usize>,
     pub max_body_bytes: Option<usize>,
+    pub max_code_bytes: Option<usize>,
     pub body_bytes_in_flight: Option<usize>,
     pub body_timeout_s: Option<f64>,
     pub max_connections: Option<usize>,
@@ -258,6 +265,8 @@ pub struct Settings {
     pub concurrency: usize,
     pub queue: usize,
     pub max_body_bytes: usize,
+    /// The most bytes of code a run may have.
+    pub max_code_bytes: usize,
     /// The most of all request bodies the server reads at once, in bytes.
     pub body_bytes_in_flight: usize,
     /// How long a request body may take to arrive whole.
@@ -318,6 +327,10 @@ impl Settings {
         let max_body_bytes = config.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes < 1024 {
             return Err(invalid("max_body_bytes", "must be at least 1024 bytes, room for a small run"));
+        }
+        let max_code_bytes = config.max_code_bytes.unwrap_or(DEFAULT_MAX_CODE_BYTES);
+        if max_code_bytes == 0 {
+            return Err(invalid("max_code_bytes", "must be at least 1 byte, room for a run's code"));
         }
         let body_bytes_in_flight =
             config.body_bytes_in_flight.unwrap_or(max_body_bytes.saturating_mul(DEFAULT_BODIES_IN_FLIGHT));
@@ -387,6 +400,7 @@ impl Settings {
             concurrency,
             queue,
             max_body_bytes,
+            max_code_bytes,
             body_bytes_in_flight,
             body_timeout,
             max_connections,

@@ -425,6 +425,16 @@ impl Engine {
                     .map_err(|e| RunError::bad(format!("outputs[{index}]"), e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if job.code.len() > settings.max_code_bytes {
+            return Err(RunError::bad(
+                "code",
+                format!(
+                    "is {} bytes, above the server's cap of {} (max_code_bytes): send data as files, not in the code",
+                    job.code.len(),
+                    settings.max_code_bytes
+                ),
+            ));
+        }
         if job.code.contains('\0') {
             return Err(RunError::bad("code", "contains a NUL byte, which no interpreter reads"));
         }

@@ -80,6 +80,8 @@ pub fn run_body_schema(settings: &Settings) -> Value {
     let file_cap = settings.defaults.limits.file_bytes;
     let encoded = file_cap.div_ceil(3).saturating_mul(4);
     body["properties"]["files"]["items"]["properties"]["content_base64"]["maxLength"] = json!(encoded);
+    // Characters, which are never more than bytes: the engine checks bytes.
+    body["properties"]["code"]["maxLength"] = json!(settings.max_code_bytes);
     body
 }
 
