@@ -94,7 +94,10 @@ impl ArtifactStore {
     /// is still kept and still has that hash (what the record names is what
     /// is served, whatever changed the file since).
     pub fn get(&self, principal: Option<&str>, sha256: &str) -> Option<Vec<u8>> {
-        let data = std::fs::read(self.path(principal, sha256)?).ok()?;
+        let path = self.path(principal, sha256)?;
+        // A store of an earlier version kept every artefact at the top: the
+        // record that names one is the caller's, so it is served from there.
+        let data = std::fs::read(&path).or_else(|_| std::fs::read(self.dir.join(sha256))).ok()?;
         (airlock_core::sha256_hex(&data) == sha256).then_some(data)
     }
 
@@ -196,6 +199,10 @@ mod tests {
         let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
         let file = store.path(Some("alice"), &sha256).unwrap();
         assert_eq!((mode(&root), mode(file.parent().unwrap()), mode(&file)), (0o700, 0o700, 0o600));
+        // One an earlier version kept at the top is still served.
+        let old = airlock_core::sha256_hex(b"from before");
+        std::fs::write(root.join(&old), b"from before").unwrap();
+        assert_eq!(store.get(Some("alice"), &old).as_deref(), Some(&b"from before"[..]));
         // Changed in place: no longer what the record names, so not served.
         std::fs::write(&file, b"swapped").unwrap();
         assert_eq!(store.get(Some("alice"), &sha256), None);

@@ -6,7 +6,7 @@
 //! listen = "127.0.0.1:8750"     # where `airlock serve` listens
 //! concurrency = 2               # runs at once [default: the number of cores]
 //! queue = 8                     # runs waiting for a slot; past it, 429 [default: 4 x concurrency].
-//!                               # Each token with none running or waiting keeps one place
+//!                               # Each token with none running or waiting keeps one place in it
 //! max_body_bytes = 33554432     # request bodies above this get 413 [default: 32 MiB]
 //! max_code_bytes = 1048576      # a run's code above this gets 400; the audit store keeps every
 //!                               # run's code, indexed, at about 6 times its size [default: 1 MiB]

@@ -145,7 +145,8 @@ impl Engine {
             run_schema: crate::request::run_body_schema(&settings),
             slots: Arc::new(Semaphore::new(settings.concurrency)),
             places: Places::new(
-                settings.concurrency + settings.queue,
+                settings.concurrency,
+                settings.queue,
                 settings.tokens.iter().map(|token| token.name.clone()).collect(),
             ),
             settings,

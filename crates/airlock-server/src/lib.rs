@@ -20,8 +20,8 @@
 //!
 //! Runs go on blocking threads, at most `concurrency` at once, with at most
 //! `queue` waiting; past that a request gets 429 with `Retry-After`. Each
-//! token with nothing running or waiting keeps one of those places, so that
-//! one token's burst never leaves another none ([`places`]). On
+//! token with nothing running or waiting keeps one of the queue's places,
+//! so that one token's burst never leaves another none ([`places`]). On
 //! SIGTERM or SIGINT the server stops taking runs, lets running ones finish
 //! for the grace period, kills the rest, and returns once every sandbox is
 //! gone. Cgroups a crashed server left behind are removed when the next one

@@ -3,10 +3,13 @@
 //!
 //! Shared first come, first served, one token's burst could take every
 //! place and get another token's first run a 429. So each configured token
-//! with nothing running or waiting keeps one place: a caller that already
-//! holds places may take another only when the places left outnumber the
-//! tokens that hold none. A caller's first run is refused only when every
-//! place is taken, which with more tokens than places can still happen.
+//! with nothing running or waiting keeps one place in the queue: a caller
+//! that already holds places may take another only when the places left
+//! outnumber the places kept for tokens that hold none, of which there are
+//! at most as many as the queue has (never a slot: a slot kept idle for a
+//! token that may never run, an auditor's, would only slow the others). A
+//! caller's first run is refused only when every place is taken, which with
+//! more tokens than queued places can still happen.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,6 +21,8 @@ pub type Principal = Option<String>;
 #[derive(Debug)]
 pub struct Places {
     capacity: usize,
+    /// The queue's places: the most that can be kept for idle tokens.
+    queue: usize,
     /// The configured tokens' names: each keeps a place while it holds none.
     tokens: Vec<String>,
     held: Mutex<Held>,
@@ -48,8 +53,9 @@ pub struct Place {
 }
 
 impl Places {
-    pub fn new(capacity: usize, tokens: Vec<String>) -> Arc<Places> {
-        Arc::new(Places { capacity, tokens, held: Mutex::new(Held::default()) })
+    /// `slots` running and `queue` waiting, shared by `tokens`.
+    pub fn new(slots: usize, queue: usize, tokens: Vec<String>) -> Arc<Places> {
+        Arc::new(Places { capacity: slots + queue, queue, tokens, held: Mutex::new(Held::default()) })
     }
 
     /// A place for `principal`, or why there is none.
@@ -65,7 +71,8 @@ impl Places {
                 .iter()
                 .filter(|name| principal.as_deref() != Some(name.as_str()))
                 .filter(|name| held.by.get(&Some((*name).clone())).is_none_or(|n| *n == 0))
-                .count();
+                .count()
+                .min(self.queue);
             if held.total + 1 + kept_for_others > self.capacity {
                 return Err(Refusal::KeptForOthers { held: mine });
             }
@@ -99,7 +106,7 @@ mod tests {
 
     #[test]
     fn a_burst_leaves_one_place_for_each_token_that_holds_none() {
-        let places = Places::new(4, vec!["alice".into(), "bob".into(), "carol".into()]);
+        let places = Places::new(1, 3, vec!["alice".into(), "bob".into(), "carol".into()]);
         let alice: Vec<Place> = (0..2).map(|_| places.take(who("alice")).unwrap()).collect();
         assert_eq!(places.take(who("alice")).unwrap_err(), Refusal::KeptForOthers { held: 2 });
         let bob = places.take(who("bob")).unwrap();
@@ -114,7 +121,7 @@ mod tests {
 
     #[test]
     fn one_token_alone_has_every_place_and_gets_them_back() {
-        let places = Places::new(3, vec!["alice".into()]);
+        let places = Places::new(1, 2, vec!["alice".into()]);
         let taken: Vec<Place> = (0..3).map(|_| places.take(who("alice")).unwrap()).collect();
         assert_eq!(places.take(who("alice")).unwrap_err(), Refusal::Full);
         assert_eq!(places.take(None).unwrap_err(), Refusal::Full);
@@ -124,9 +131,24 @@ mod tests {
         assert_eq!(places.take(None).unwrap_err(), Refusal::KeptForOthers { held: 2 });
         assert!(places.take(who("alice")).is_ok());
         drop(unnamed);
-        let no_tokens = Places::new(2, Vec::new());
+        let no_tokens = Places::new(1, 1, Vec::new());
         let again: Vec<Place> = (0..2).map(|_| no_tokens.take(None).unwrap()).collect();
         assert_eq!(no_tokens.take(None).unwrap_err(), Refusal::Full);
         drop(again);
+    }
+
+    #[test]
+    fn no_slot_is_kept_idle_for_a_token_that_holds_none() {
+        // Two slots, no queue, an auditor that never runs: Alice has both.
+        let places = Places::new(2, 0, vec!["alice".into(), "auditor".into()]);
+        let both: Vec<Place> = (0..2).map(|_| places.take(who("alice")).unwrap()).collect();
+        assert_eq!(places.take(who("auditor")).unwrap_err(), Refusal::Full);
+        drop(both);
+        // One queued place: kept for the auditor, not for a third of Alice's.
+        let places = Places::new(2, 1, vec!["alice".into(), "auditor".into()]);
+        let both: Vec<Place> = (0..2).map(|_| places.take(who("alice")).unwrap()).collect();
+        assert_eq!(places.take(who("alice")).unwrap_err(), Refusal::KeptForOthers { held: 2 });
+        assert!(places.take(who("auditor")).is_ok());
+        drop(both);
     }
 }
