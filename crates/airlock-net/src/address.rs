@@ -11,23 +11,82 @@
 //! address they carry, so `::ffff:169.254.169.254` is link-local.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Whether `ip` is one of this host's own addresses (any interface's, the
-/// public ones too): a name that resolves to one would reach the host's own
+/// Whether the kernel routes `ip` to this host itself (a route of type
+/// local: any interface's address, public ones too, and whole local ranges
+/// a route may add): a name that resolves to one would reach the host's own
 /// services, those bound to every address among them, over loopback, which
-/// host firewalls let through. Asked of the kernel's routing: a datagram
-/// socket connected there (nothing is sent) takes the destination itself as
-/// its source only when the destination is local. If the question cannot be
-/// asked, the address counts as the host's: refused rather than dialled.
-pub fn is_this_hosts(ip: IpAddr) -> bool {
-    let unspecified: IpAddr = if ip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
-    let Ok(socket) = UdpSocket::bind(SocketAddr::new(unspecified, 0)) else { return true };
-    match socket.connect(SocketAddr::new(ip, 9)) {
-        // No route there: not this host's, and the dial fails on its own.
-        Err(_) => false,
-        Ok(()) => socket.local_addr().map_or(true, |local| local.ip() == ip),
+/// host firewalls let through. Asked of the kernel as `ip route get` asks
+/// it, through a route netlink socket; an error means it could not be
+/// asked, and the caller refuses the address.
+pub fn is_this_hosts(ip: IpAddr) -> io::Result<bool> {
+    use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketType, netlink, recv, sendto, socket};
+    // The kernel's message numbers and layouts (linux/netlink.h, linux/rtnetlink.h).
+    const RTM_NEWROUTE: u16 = 24;
+    const RTM_GETROUTE: u16 = 26;
+    const NLMSG_ERROR: u16 = 2;
+    const NLM_F_REQUEST: u16 = 1;
+    const RTA_DST: u16 = 1;
+    const RTN_LOCAL: u8 = 2;
+    const HEADER: usize = 16;
+    let (family, address): (u8, Vec<u8>) = match ip {
+        IpAddr::V4(v4) => (libc_family::INET, v4.octets().to_vec()),
+        IpAddr::V6(v6) => (libc_family::INET6, v6.octets().to_vec()),
+    };
+    let attribute = 4 + address.len();
+    let length = HEADER + 12 + attribute;
+    let mut request = Vec::with_capacity(length);
+    request.extend_from_slice(&(length as u32).to_ne_bytes());
+    request.extend_from_slice(&RTM_GETROUTE.to_ne_bytes());
+    request.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    request.extend_from_slice(&1u32.to_ne_bytes()); // sequence
+    request.extend_from_slice(&0u32.to_ne_bytes()); // to the kernel
+    // rtmsg: family, destination prefix length, then zeros (source, tos,
+    // table, protocol, scope, type, flags).
+    request.extend_from_slice(&[family, (address.len() * 8) as u8, 0, 0, 0, 0, 0, 0]);
+    request.extend_from_slice(&0u32.to_ne_bytes());
+    request.extend_from_slice(&(attribute as u16).to_ne_bytes());
+    request.extend_from_slice(&RTA_DST.to_ne_bytes());
+    request.extend_from_slice(&address);
+    // NETLINK_ROUTE is protocol 0: rustix takes it as `None`.
+    let route = socket(AddressFamily::NETLINK, SocketType::RAW, None)?;
+    sendto(&route, &request, SendFlags::empty(), &netlink::SocketAddrNetlink::new(0, 0))?;
+    let mut answer = vec![0u8; 4096];
+    let (_, got) = recv(&route, &mut answer[..], RecvFlags::empty())?;
+    let answer = &answer[..got.min(answer.len())];
+    let kind = answer.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    match kind {
+        Some(RTM_NEWROUTE) => answer
+            .get(HEADER + 7)
+            .map(|route_type| *route_type == RTN_LOCAL)
+            .ok_or_else(|| io::Error::other("a route answer too short")),
+        Some(NLMSG_ERROR) => {
+            let code = answer
+                .get(HEADER..HEADER + 4)
+                .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                .ok_or_else(|| io::Error::other("an error answer too short"))?;
+            match -code {
+                // No route there: not this host's, and a dial fails on its own.
+                errno if errno == libc_errno::ENETUNREACH || errno == libc_errno::EHOSTUNREACH => Ok(false),
+                errno => Err(io::Error::from_raw_os_error(errno)),
+            }
+        }
+        _ => Err(io::Error::other("an answer that is not a route")),
     }
+}
+
+/// The address families, as route netlink numbers them.
+mod libc_family {
+    pub const INET: u8 = 2;
+    pub const INET6: u8 = 10;
+}
+
+/// The errors a route lookup answers when there is no route.
+mod libc_errno {
+    pub const ENETUNREACH: i32 = 101;
+    pub const EHOSTUNREACH: i32 = 113;
 }
 
 /// What kind of address an IP is, as far as egress is concerned.

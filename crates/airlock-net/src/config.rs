@@ -86,10 +86,12 @@ impl ProxyConfig {
                         allowed.push(SocketAddr::new(ip, port));
                     } else if classify(ip).is_forbidden() {
                         refused.push(format!("{ip}{}", class_note(ip)));
-                    } else if is_this_hosts(ip) {
-                        refused.push(format!("{ip} (an address of this host)"));
                     } else {
-                        allowed.push(SocketAddr::new(ip, port));
+                        match is_this_hosts(ip) {
+                            Ok(false) => allowed.push(SocketAddr::new(ip, port)),
+                            Ok(true) => refused.push(format!("{ip} (an address of this host)")),
+                            Err(e) => refused.push(format!("{ip} (whether it is this host's could not be asked: {e})")),
+                        }
                     }
                 }
                 if !allowed.is_empty() {

@@ -751,11 +751,21 @@ fn an_allowed_name_never_reaches_the_hosts_own_addresses() {
         // shares no descriptor table or memory anew, which is what the
         // function's other flags could break.
         unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }.expect("a network namespace");
-        for args in [&["link", "set", "lo", "up"][..], &["addr", "add", "45.45.45.45/32", "dev", "lo"]] {
+        // The host's own address, a whole local range whose route names
+        // another source, and a local IPv6 range (the last two got through
+        // a check that compared a route's source with its destination).
+        let setup: [&[&str]; 4] = [
+            &["link", "set", "lo", "up"],
+            &["addr", "add", "45.45.45.45/32", "dev", "lo"],
+            &["route", "add", "local", "46.46.0.0/16", "dev", "lo", "src", "45.45.45.45"],
+            &["-6", "route", "add", "local", "2a00:1450:5000::/48", "dev", "lo"],
+        ];
+        for args in setup {
             let done = std::process::Command::new("ip").args(args).status().expect("ip");
             assert!(done.success(), "ip {args:?}");
         }
-        let service = std::net::TcpListener::bind("45.45.45.45:0").unwrap();
+        // Every address, both families: what a service bound to all gets.
+        let service = std::net::TcpListener::bind("[::]:0").unwrap();
         let port = service.local_addr().unwrap().port();
         std::thread::spawn(move || {
             for stream in service.incoming().flatten() {
@@ -765,17 +775,25 @@ fn an_allowed_name_never_reaches_the_hosts_own_addresses() {
                 let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\nhost-only admin page");
             }
         });
-        let resolver = Arc::new(StaticResolver::new().with("self.test", &[IpAddr::from([45, 45, 45, 45])]));
-        let (proxy, addr) = start_proxy(&[format!("self.test:{port}")], resolver, Caps::default());
-        let answer = exchange(
-            addr,
-            format!("GET http://self.test:{port}/ HTTP/1.1\r\nHost: self.test:{port}\r\n\r\n").as_bytes(),
+        let resolver = Arc::new(
+            StaticResolver::new()
+                .with("self.test", &[IpAddr::from([45, 45, 45, 45])])
+                .with("range.test", &[IpAddr::from([46, 46, 0, 1])])
+                .with("six.test", &["2a00:1450:5000::1".parse().unwrap()]),
         );
-        assert!(!answer.contains("host-only"), "the code reached the host's own service: {answer}");
-        assert_eq!(status(&answer), 403, "{answer}");
-        let events = proxy.finish().record.connections;
-        let reason = events[0].reason.clone().unwrap_or_default();
-        assert!(reason.contains("an address of this host"), "{reason}");
+        let names = ["self.test", "range.test", "six.test"];
+        let rules: Vec<String> = names.iter().map(|name| format!("{name}:{port}")).collect();
+        let (proxy, addr) = start_proxy(&rules, resolver, Caps::default());
+        for name in names {
+            let request = format!("GET http://{name}:{port}/ HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n");
+            let answer = exchange(addr, request.as_bytes());
+            assert!(!answer.contains("host-only"), "the code reached the host's own service through {name}: {answer}");
+            assert_eq!(status(&answer), 403, "{name}: {answer}");
+        }
+        for event in proxy.finish().record.connections {
+            let reason = event.reason.clone().unwrap_or_default();
+            assert!(reason.contains("an address of this host"), "{}: {reason}", event.host);
+        }
         // The same address named exactly by a rule: the operator's choice.
         let (proxy, addr) = start_proxy(&[format!("45.45.45.45:{port}")], no_names(), Caps::default());
         let answer = exchange(
