@@ -222,18 +222,16 @@ impl Interpreter {
         }
     }
 
-    /// The host folders the sandbox gets whole: the installation (unless
-    /// it is under /usr), the folder of an executable outside it, the venv.
-    fn bound_folders(&self) -> Vec<&Path> {
+    /// The host folders of the installation the sandbox gets whole: the
+    /// installation (unless it is under /usr) and the folder of an
+    /// executable outside it.
+    fn installation_folders(&self) -> Vec<&Path> {
         let mut folders = Vec::new();
         if !self.base_prefix.starts_with("/usr") {
             folders.push(self.base_prefix.as_path());
         }
         if !self.executable.starts_with(&self.base_prefix) && !self.executable.starts_with("/usr") {
             folders.extend(self.executable.parent());
-        }
-        if self.prefix != self.base_prefix {
-            folders.push(self.prefix.as_path());
         }
         folders
     }
@@ -244,28 +242,18 @@ impl Interpreter {
     /// `--prefix=$HOME`, a venv made in the home folder itself) and every
     /// earlier run airlock keeps.
     fn check_bound_folders(&self, found: &Path) -> Result<(), Error> {
-        let mut private: Vec<(PathBuf, &str)> = Vec::new();
-        if let Some(home) = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute()) {
-            private.push((fs::canonicalize(&home).unwrap_or(home), "your home folder"));
+        let mut folders = self.installation_folders();
+        if self.prefix != self.base_prefix {
+            folders.push(self.prefix.as_path());
         }
-        if let Ok(data) = airlock_core::paths::data_dir() {
-            private.push((fs::canonicalize(&data).unwrap_or(data), "airlock's data folder"));
-        }
-        for folder in self.bound_folders() {
-            if let Some((inside, what)) = private.iter().find(|(path, _)| path.starts_with(folder)) {
-                return Err(Error::Interpreter {
-                    program: found.display().to_string(),
-                    reason: format!(
-                        "airlock would show the sandbox {} whole (read-only), and it holds {what} ({}): use a \
-                         Python installed in a folder of its own (a pyenv or uv Python, /usr/bin/python3) or a \
-                         venv in a folder of its own",
-                        folder.display(),
-                        inside.display()
-                    ),
-                });
-            }
-        }
-        Ok(())
+        check_folders(&folders, found)
+    }
+
+    /// As [`Self::check_bound_folders`], for an image built with this
+    /// interpreter: its runtime binds the installation (the venv is the
+    /// image's own, in airlock's data folder).
+    pub(crate) fn check_image_installation(&self) -> Result<(), Error> {
+        check_folders(&self.installation_folders(), &self.executable)
     }
 
     /// The mounts of the installation, and the variables it needs there.
@@ -291,6 +279,50 @@ impl Interpreter {
         }
         (mounts, env)
     }
+}
+
+/// Refuses `folders` (bound whole into the sandbox, for the interpreter
+/// `found`) when one holds a private folder: the caller's home folder, as
+/// `HOME` says and as /etc/passwd says (HOME may be unset or another's,
+/// under sudo, su or a service), or airlock's data folder.
+fn check_folders(folders: &[&Path], found: &Path) -> Result<(), Error> {
+    let real = |path: PathBuf| fs::canonicalize(&path).unwrap_or(path);
+    let mut private: Vec<(PathBuf, &str)> = Vec::new();
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute()) {
+        private.push((real(home), "your home folder"));
+    }
+    if let Some(home) = passwd_home(rustix::process::geteuid().as_raw()) {
+        private.push((real(home), "your home folder"));
+    }
+    if let Ok(data) = airlock_core::paths::data_dir() {
+        private.push((real(data), "airlock's data folder"));
+    }
+    for folder in folders {
+        if let Some((inside, what)) = private.iter().find(|(path, _)| path.starts_with(folder)) {
+            return Err(Error::Interpreter {
+                program: found.display().to_string(),
+                reason: format!(
+                    "airlock would show the sandbox {} whole (read-only), and it holds {what} ({}): use a Python \
+                     installed in a folder of its own (a pyenv or uv Python, /usr/bin/python3) or a venv in a \
+                     folder of its own{}",
+                    folder.display(),
+                    inside.display(),
+                    if *what == "airlock's data folder" { ", or set AIRLOCK_HOME to a folder outside it" } else { "" }
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The home folder /etc/passwd gives `uid`, if it lists it with an absolute one.
+fn passwd_home(uid: u32) -> Option<PathBuf> {
+    let passwd = fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        let home = fields.get(5).filter(|home| home.starts_with('/') && **home != "/")?;
+        (fields.get(2)?.parse::<u32>().ok()? == uid).then(|| PathBuf::from(home))
+    })
 }
 
 /// Where an interpreter's own venv appears inside (`--python venv/bin/python`).

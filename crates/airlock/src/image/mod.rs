@@ -208,7 +208,12 @@ impl ImageStore {
     /// name pins.
     pub fn get(&self, name: &str) -> Result<Image, Error> {
         check_name(name)?;
-        self.open(name, &self.name_file(name))
+        let image = self.open(name, &self.name_file(name))?;
+        // Its runtime binds the installation of the interpreter it was built
+        // with, which may have come to hold a private folder (an image built
+        // before airlock refused such an interpreter).
+        image.base.as_deref().unwrap_or(&image).manifest.python.check_image_installation()?;
+        Ok(image)
     }
 
     fn open(&self, name: &str, pointer: &Path) -> Result<Image, Error> {
