@@ -389,17 +389,28 @@ fn subordinate_source() -> Option<Source> {
 
 /// An ordinary user's lock file: one place per user, whatever each
 /// process's environment says, since the subordinate ids are the user's
-/// and not a data directory's or a login session's. In the home folder
-/// /etc/passwd names, where it is the user's own; else in /tmp/airlock-UID,
-/// which [`open_lock_file`] refuses unless the user alone may write it.
-/// (Before, it followed XDG_RUNTIME_DIR, else the data directory: two
-/// processes under `su` or cron with different data directories took the
-/// same id.)
+/// and not a data directory's or a login session's. The first of these
+/// that can be opened as the user's alone: in the home folder /etc/passwd
+/// names, where it is the user's own; in the user's runtime folder,
+/// /run/user/UID (one fixed path, not the environment's); in
+/// /tmp/airlock-UID. (Before, it followed XDG_RUNTIME_DIR, else the data
+/// directory: two processes under `su` or cron with different data
+/// directories took the same id.) Two processes that see different
+/// folders (one whose home is read-only to it, say) may still choose
+/// differently; docs/design.md says so.
 fn user_lock_file(uid: u32, home: Option<&Path>) -> PathBuf {
-    match home.filter(|dir| fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid)) {
-        Some(home) => home.join(".local/state/airlock/host-ids.lock"),
-        None => PathBuf::from(format!("/tmp/airlock-{uid}/host-ids.lock")),
+    let owned = |dir: &Path| fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+    let mut candidates = Vec::new();
+    if let Some(home) = home.filter(|home| owned(home)) {
+        candidates.push(home.join(".local/state/airlock/host-ids.lock"));
     }
+    let runtime = PathBuf::from(format!("/run/user/{uid}"));
+    if owned(&runtime) {
+        candidates.push(runtime.join("airlock/host-ids.lock"));
+    }
+    let last = PathBuf::from(format!("/tmp/airlock-{uid}/host-ids.lock"));
+    // The last is taken whatever it holds: refused there, the run says why.
+    candidates.into_iter().find(|path| open_lock_file(path, false).is_ok()).unwrap_or(last)
 }
 
 #[cfg(test)]
