@@ -189,6 +189,14 @@ impl Engine {
         &self.artifacts
     }
 
+    /// [`ArtifactStore::get`] on a blocking thread: it reads and hashes the
+    /// whole file (up to the per-file cap), which must not hold up the
+    /// threads that serve every other request.
+    pub async fn artifact(self: &Arc<Self>, principal: Option<String>, sha256: String) -> Option<Vec<u8>> {
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || engine.artifacts.get(principal.as_deref(), &sha256)).await.ok().flatten()
+    }
+
     /// The schema a run request must fit, as the OpenAPI document states it.
     pub fn run_schema(&self) -> &serde_json::Value {
         &self.run_schema

@@ -461,7 +461,7 @@ async fn get_artifact(
     };
     let artifact = index.parse::<usize>().ok().and_then(|i| run.record.artifacts.get(i)).ok_or_else(missing)?;
     let sha256 = artifact.sha256.as_deref().ok_or_else(missing)?;
-    let data = engine.artifacts().get(run.entry.principal.as_deref(), sha256).ok_or_else(|| {
+    let data = engine.artifact(run.entry.principal.clone(), sha256.to_owned()).await.ok_or_else(|| {
         ApiError::new(
             StatusCode::GONE,
             "gone",

@@ -405,7 +405,7 @@ impl McpServer {
             }
             _ => return Err(not_found()),
         };
-        let data = self.engine.artifacts().get(run.entry.principal.as_deref(), &sha256).ok_or_else(|| {
+        let data = self.engine.artifact(run.entry.principal.clone(), sha256).await.ok_or_else(|| {
             ErrorData::resource_not_found(
                 format!("{uri} is no longer kept (the store drops the oldest artefacts of the token holding the most)"),
                 None,

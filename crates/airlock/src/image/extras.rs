@@ -171,7 +171,8 @@ impl ImageStore {
             created_at: airlock_core::record::now_rfc3339(),
             build_runs: records.iter().map(|r| r.id.clone()).collect(),
             built_with: format!("uv {UV_VERSION}"),
-            built_from_source: selected.iter().any(|s| s.source),
+            // Layered on a base built from source, it holds those packages too.
+            built_from_source: selected.iter().any(|s| s.source) || base.manifest.built_from_source,
         };
         let image = self.finish(&name, &staging, &hash, manifest, Some(base)).inspect_err(|_| {
             let _ = fs::remove_dir_all(&staging);
