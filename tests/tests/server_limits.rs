@@ -193,6 +193,34 @@ fn idle_and_half_sent_connections_are_closed_and_healthz_still_answers() {
     assert!(healthz_within(&server, Duration::from_secs(2)).is_ok(), "{}", server.log());
 }
 
+/// Connections that pipeline requests and never read an answer hold their
+/// places only for the write timeout: before, the head timeout did not
+/// cover a blocked answer, and twenty such connections (512 at the
+/// defaults), no token needed, shut everyone out for as long as they liked.
+#[test]
+fn clients_that_never_read_their_answers_lose_their_places() {
+    let server = Server::start("max_connections = 20\nheader_timeout_s = 1\nwrite_timeout_s = 1\n");
+    let requests = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n".repeat(400);
+    let held: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let stream = server.connect();
+            // Written from a thread of its own: the server stops reading
+            // once its answers back up, and so would this write.
+            let mut writer = stream.try_clone().unwrap();
+            let requests = requests.clone();
+            std::thread::spawn(move || {
+                let _ = writer.write_all(&requests);
+            });
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // Held, none read: within a few write timeouts the places are free.
+    let answered = healthz_within(&server, Duration::from_secs(8));
+    assert!(answered.is_ok(), "/healthz did not answer while 20 unread connections were held: {answered:?}");
+    drop(held);
+}
+
 /// A request head and all but the last byte of a JSON body of `len` bytes.
 fn held_body(token: &str, len: usize) -> Vec<u8> {
     let mut body = b"{\"code\":\"1\",\"stdin_base64\":\"".to_vec();

@@ -17,6 +17,8 @@
 //!                               # once [default: 512]
 //! header_timeout_s = 10         # a request head (and an idle connection's next one) must
 //!                               # arrive within this, else the connection is closed [default: 10]
+//! write_timeout_s = 30          # an answer the client stops reading for this long closes its
+//!                               # connection (an idle event stream writes nothing) [default: 30]
 //! max_mcp_sessions = 64         # MCP sessions at /mcp at once; past it `initialize` gets 429
 //!                               # [default: 64]. A session idle for 300 s ends
 //! max_mcp_sessions_per_token = 16  # the most one token holds [default: max_mcp_sessions / 4]
@@ -119,6 +121,8 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// How long a request head (and an idle connection's next one) may take.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an answer may wait for its client to read on.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// MCP sessions at once unless the config says otherwise.
 pub const DEFAULT_MAX_MCP_SESSIONS: usize = 64;
 
@@ -135,6 +139,7 @@ pub struct ServerConfig {
     pub body_timeout_s: Option<f64>,
     pub max_connections: Option<usize>,
     pub header_timeout_s: Option<f64>,
+    pub write_timeout_s: Option<f64>,
     pub max_mcp_sessions: Option<usize>,
     pub max_mcp_sessions_per_token: Option<usize>,
     pub grace_period_s: Option<f64>,
@@ -275,6 +280,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long a request head, or an idle connection's next one, may take.
     pub header_timeout: Duration,
+    /// How long an answer may wait for its client to read on.
+    pub write_timeout: Duration,
     /// MCP sessions at once, in all and per token.
     pub max_mcp_sessions: usize,
     pub max_mcp_sessions_per_token: usize,
@@ -351,6 +358,7 @@ impl Settings {
             ));
         }
         let header_timeout = seconds("header_timeout_s", config.header_timeout_s, DEFAULT_HEADER_TIMEOUT, 0.1..=600.0)?;
+        let write_timeout = seconds("write_timeout_s", config.write_timeout_s, DEFAULT_WRITE_TIMEOUT, 0.1..=3600.0)?;
         let max_mcp_sessions = config.max_mcp_sessions.unwrap_or(DEFAULT_MAX_MCP_SESSIONS);
         if !(1..=MAX_MCP_SESSIONS).contains(&max_mcp_sessions) {
             return Err(invalid(
@@ -405,6 +413,7 @@ impl Settings {
             body_timeout,
             max_connections,
             header_timeout,
+            write_timeout,
             max_mcp_sessions,
             max_mcp_sessions_per_token,
             grace_period,

@@ -9,6 +9,11 @@
 //! - a request head must arrive within `header_timeout_s`, and so must an
 //!   idle keep-alive connection's next one, else the connection is closed
 //!   (a response, such as MCP's long-lived event stream, has no time limit);
+//! - an answer its client stops reading for `write_timeout_s` closes the
+//!   connection: otherwise a client that pipelines requests and reads
+//!   nothing would hold its place for as long as it likes, and a few
+//!   hundred such connections, no token needed, would shut everyone out
+//!   (an idle event stream writes nothing, so it is not cut);
 //! - a request body must arrive whole within `body_timeout_s` (408), and
 //!   the bodies being read hold at most `body_bytes_in_flight` bytes in all
 //!   (429 for the body that would pass it): the bytes are counted as they
@@ -94,6 +99,7 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        let stream = WriteProgress { inner: stream, patience: settings.write_timeout, stalled: None };
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
         connections.spawn(async move {
             // A connection's error (a timeout, a reset) is its client's affair.
@@ -107,6 +113,67 @@ pub async fn serve(
         () = tokio::time::sleep(patience) => {}
     }
     connections.shutdown().await;
+}
+
+/// A connection whose writes must make progress: one the client has not
+/// let through for `patience` fails (TimedOut), and hyper then closes the
+/// connection.
+struct WriteProgress {
+    inner: tokio::net::TcpStream,
+    patience: Duration,
+    /// Since when a write has waited, as a deadline.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteProgress {
+    /// `Pending` while a write may still wait; a time-out once it has waited
+    /// `patience`; progress clears the wait.
+    fn waited<T>(&mut self, cx: &mut Context<'_>, poll: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        match poll {
+            Poll::Ready(result) => {
+                self.stalled = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let patience = self.patience;
+                let deadline = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(patience)));
+                match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client read nothing of its answer for write_timeout_s",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for WriteProgress {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for WriteProgress {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.waited(cx, poll)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.waited(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.waited(cx, poll)
+    }
 }
 
 /// The bytes of request bodies being read, server-wide.
