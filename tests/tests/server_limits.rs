@@ -259,6 +259,43 @@ fn answer_within(stream: &mut TcpStream, limit: Duration) -> Option<(u16, String
     Some((status, text))
 }
 
+/// Alice stalls four uploads as large as the server takes; Bob's run and
+/// his MCP `initialize` still get in: a token's stalled bodies hold at most
+/// its share of `body_bytes_in_flight` (here a third of 16 KiB, at least one
+/// 4 KiB body). Before, her four took the whole budget and Bob got 429.
+#[test]
+fn one_tokens_stalled_uploads_leave_the_others_their_share() {
+    let server = Server::start("max_body_bytes = 4096\nbody_bytes_in_flight = 16384\nbody_timeout_s = 20\n");
+    let request = held_body(ALICE, 4096);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut stream = server.connect();
+        stream.write_all(&request).unwrap();
+        held.push(stream);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let response = client()
+        .post(server.url("/v1/runs"))
+        .bearer_auth(BOB)
+        .json(&json!({"code": "print('bob ran')"}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().unwrap_or_default();
+    assert_eq!(status, StatusCode::OK, "Alice's stalled uploads shut Bob out: {body}");
+    assert_eq!(body["stdout"], "bob ran\n", "{body}");
+    let (status, _, text) = mcp_initialize(&server, BOB);
+    assert_eq!(status, StatusCode::OK, "{text}");
+    // Alice's uploads past her share were refused, naming why.
+    let refused = held
+        .iter_mut()
+        .filter_map(|stream| answer_within(stream, Duration::from_millis(500)))
+        .filter(|(status, text)| *status == 429 && text.contains("its share of body_bytes_in_flight"))
+        .count();
+    assert!(refused >= 2, "{refused} of Alice's four uploads refused for a share of 5,461 bytes");
+}
+
 /// Sixteen connections each send all but the last byte of an 8 MiB body:
 /// the server reads at most `body_bytes_in_flight` (16 MiB) of them at
 /// once, refuses the rest with 429 naming the setting, and drops the ones

@@ -11,7 +11,8 @@
 //! max_code_bytes = 1048576      # a run's code above this gets 400; the audit store keeps every
 //!                               # run's code, indexed, at about 6 times its size [default: 1 MiB]
 //! body_bytes_in_flight = 134217728  # the most of all request bodies read at once; a body that
-//!                               # would pass it gets 429 [default: 4 x max_body_bytes]
+//!                               # would pass it gets 429 [default: 4 x max_body_bytes]. One
+//!                               # token's share: this over the tokens, at least one body
 //! body_timeout_s = 30           # a request body must arrive whole within this, else 408 [default: 30]
 //! max_connections = 512         # connections open at once; past it a new one is closed at
 //!                               # once [default: 512]

@@ -23,9 +23,9 @@
 //! On shutdown the listener closes, open connections finish the answer in
 //! hand, and those still open after the patience given are dropped.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -65,10 +65,11 @@ pub async fn serve(
     stop: CancellationToken,
     patience: Duration,
 ) {
-    let budget = Arc::new(BodyBudget::new(settings.body_bytes_in_flight));
+    let budget =
+        Arc::new(BodyBudget::new(settings.body_bytes_in_flight, settings.tokens.len(), settings.max_body_bytes));
     let body_timeout = settings.body_timeout;
     let service = TowerToHyperService::new(app.map_request(move |request: Request<Incoming>| {
-        let lease = BodyLease(Arc::new(Lease { budget: budget.clone(), bytes: AtomicUsize::new(0) }));
+        let lease = BodyLease(Arc::new(Lease::new(budget.clone())));
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(lease.clone());
         let body = MeteredBody { inner: body, lease, timeout: body_timeout, deadline: None };
@@ -176,29 +177,57 @@ impl tokio::io::AsyncWrite for WriteProgress {
     }
 }
 
-/// The bytes of request bodies being read, server-wide.
+/// The bytes of request bodies being read, server-wide, and each token's
+/// share: no token may hold more than `per_token` of them, so that one
+/// token's stalled uploads cannot refuse every other token's requests.
 #[derive(Debug)]
 struct BodyBudget {
     limit: usize,
-    used: AtomicUsize,
+    per_token: usize,
+    used: Mutex<Used>,
+}
+
+#[derive(Debug, Default)]
+struct Used {
+    total: usize,
+    by_token: HashMap<String, usize>,
 }
 
 impl BodyBudget {
-    fn new(limit: usize) -> BodyBudget {
-        BodyBudget { limit, used: AtomicUsize::new(0) }
+    /// `limit` bytes in all; a token's share is `limit` over the number of
+    /// `tokens`, but never less than one whole body (`body_cap`).
+    fn new(limit: usize, tokens: usize, body_cap: usize) -> BodyBudget {
+        let per_token = (limit / tokens.max(1)).max(body_cap).min(limit);
+        BodyBudget { limit, per_token, used: Mutex::new(Used::default()) }
     }
 
-    /// Takes `bytes` from the budget, if it has them.
-    fn take(&self, bytes: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|total| *total <= self.limit)
-            })
-            .is_ok()
+    /// Takes `bytes` for `token` (none before a token is known), if both
+    /// the budget and the token's share have them.
+    fn take(&self, bytes: usize, token: Option<&str>) -> Result<(), BodyError> {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        let total = used.total.checked_add(bytes).filter(|total| *total <= self.limit);
+        let total = total.ok_or(BodyError::OverBudget(self.limit))?;
+        if let Some(token) = token {
+            let mine = used.by_token.get(token).copied().unwrap_or(0);
+            let mine = mine.checked_add(bytes).filter(|mine| *mine <= self.per_token);
+            let mine = mine.ok_or(BodyError::OverShare(self.per_token))?;
+            used.by_token.insert(token.to_owned(), mine);
+        }
+        used.total = total;
+        Ok(())
     }
 
-    fn give(&self, bytes: usize) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    fn give(&self, bytes: usize, token: Option<&str>) {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        used.total = used.total.saturating_sub(bytes);
+        if let Some(token) = token
+            && let Some(mine) = used.by_token.get_mut(token)
+        {
+            *mine = mine.saturating_sub(bytes);
+            if *mine == 0 {
+                used.by_token.remove(token);
+            }
+        }
     }
 }
 
@@ -207,22 +236,33 @@ impl BodyBudget {
 #[derive(Debug)]
 struct Lease {
     budget: Arc<BodyBudget>,
-    bytes: AtomicUsize,
+    /// The token the request carries, once the auth layer has checked it.
+    token: OnceLock<String>,
+    /// The bytes taken, and the token they were charged to (the first
+    /// take's: a lease's bytes are given back as they were taken).
+    taken: Mutex<(usize, Option<String>)>,
 }
 
 impl Lease {
-    fn take(&self, bytes: usize) -> bool {
-        let taken = self.budget.take(bytes);
-        if taken {
-            self.bytes.fetch_add(bytes, Ordering::AcqRel);
+    fn new(budget: Arc<BodyBudget>) -> Lease {
+        Lease { budget, token: OnceLock::new(), taken: Mutex::new((0, None)) }
+    }
+
+    fn take(&self, bytes: usize) -> Result<(), BodyError> {
+        let mut taken = self.taken.lock().unwrap_or_else(PoisonError::into_inner);
+        if taken.0 == 0 {
+            taken.1 = self.token.get().cloned();
         }
-        taken
+        self.budget.take(bytes, taken.1.as_deref())?;
+        taken.0 += bytes;
+        Ok(())
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.budget.give(*self.bytes.get_mut());
+        let (bytes, token) = std::mem::take(self.taken.get_mut().unwrap_or_else(PoisonError::into_inner));
+        self.budget.give(bytes, token.as_deref());
     }
 }
 
@@ -231,6 +271,14 @@ impl Drop for Lease {
 /// it has parsed the bytes) keeps them counted.
 #[derive(Clone, Debug)]
 pub struct BodyLease(Arc<Lease>);
+
+impl BodyLease {
+    /// Charges the request's body to `token` (the auth layer calls it once
+    /// the token is checked, before any handler reads the body).
+    pub fn charge_to(&self, token: &str) {
+        let _ = self.0.token.set(token.to_owned());
+    }
+}
 
 /// Why a request body was not read whole.
 #[derive(Debug, thiserror::Error)]
@@ -244,6 +292,10 @@ pub enum BodyError {
         "the server is already reading {0} bytes of request bodies, the most body_bytes_in_flight allows; retry shortly, or ask the operator to raise body_bytes_in_flight"
     )]
     OverBudget(usize),
+    #[error(
+        "this token is already sending {0} bytes of request bodies, its share of body_bytes_in_flight; retry shortly, once its other uploads are in"
+    )]
+    OverShare(usize),
     #[error("the request body could not be read: {0}")]
     Read(#[from] hyper::Error),
 }
@@ -271,10 +323,9 @@ impl hyper::body::Body for MeteredBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let size = frame.data_ref().map_or(0, Bytes::len);
-                if this.lease.0.take(size) {
-                    Poll::Ready(Some(Ok(frame)))
-                } else {
-                    Poll::Ready(Some(Err(BodyError::OverBudget(this.lease.0.budget.limit))))
+                match this.lease.0.take(size) {
+                    Ok(()) => Poll::Ready(Some(Ok(frame))),
+                    Err(refused) => Poll::Ready(Some(Err(refused))),
                 }
             }
             Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(BodyError::Read(error)))),
@@ -337,19 +388,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn leases_take_from_the_budget_until_it_is_spent_and_give_back_when_dropped() {
-        let budget = Arc::new(BodyBudget::new(100));
-        let first = Lease { budget: budget.clone(), bytes: AtomicUsize::new(0) };
-        assert!(first.take(60));
-        let second = Lease { budget: budget.clone(), bytes: AtomicUsize::new(0) };
-        assert!(!second.take(41), "past the budget");
-        assert!(second.take(40));
-        assert!(!second.take(1));
-        drop(first);
-        assert_eq!(budget.used.load(Ordering::Acquire), 40);
-        assert!(second.take(60));
-        drop(second);
-        assert_eq!(budget.used.load(Ordering::Acquire), 0);
+    fn leases_take_from_the_budget_and_the_tokens_share_and_give_back_when_dropped() {
+        // 100 bytes in all, two tokens: a share of 50 each (one body is 10).
+        let budget = Arc::new(BodyBudget::new(100, 2, 10));
+        let lease = |token: Option<&str>| {
+            let lease = Lease::new(budget.clone());
+            if let Some(token) = token {
+                let _ = lease.token.set(token.to_owned());
+            }
+            lease
+        };
+        let alice = lease(Some("alice"));
+        assert!(alice.take(50).is_ok());
+        let more = lease(Some("alice"));
+        assert!(matches!(more.take(1), Err(BodyError::OverShare(50))), "past Alice's share");
+        let bob = lease(Some("bob"));
+        assert!(bob.take(40).is_ok(), "Alice's stalled uploads leave Bob his share");
+        let unnamed = lease(None);
+        assert!(matches!(unnamed.take(11), Err(BodyError::OverBudget(100))), "past the budget");
+        assert!(unnamed.take(10).is_ok());
+        drop((alice, more));
+        assert_eq!(budget.used.lock().unwrap().total, 50);
+        drop((bob, unnamed));
+        let used = budget.used.lock().unwrap();
+        assert_eq!((used.total, used.by_token.len()), (0, 0));
     }
 
     #[tokio::test]

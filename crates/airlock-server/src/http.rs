@@ -207,8 +207,10 @@ async fn read_capped(body: Body, cap: usize) -> Result<Bytes, ApiError> {
                 ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
             }
             // Busy as when every run slot is taken: the server's, not this token's, limit.
-            ReadError::Body(BodyError::OverBudget(_)) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
-                .header(header::RETRY_AFTER, HeaderValue::from_static("1")),
+            ReadError::Body(BodyError::OverBudget(_) | BodyError::OverShare(_)) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+                    .header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+            }
             ReadError::Body(BodyError::Read(_)) | ReadError::Other(_) => {
                 ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
             }
@@ -376,6 +378,10 @@ async fn require_token(State(engine): State<Shared>, mut request: Request, next:
             .into_response();
     };
     let caller = Caller { name: token.name.clone(), see_all_runs: token.see_all_runs };
+    // Its body, read later by the handler, counts against this token's share.
+    if let Some(lease) = request.extensions().get::<BodyLease>() {
+        lease.charge_to(&token.name);
+    }
     // The token itself goes no further than this function.
     request.headers_mut().remove(header::AUTHORIZATION);
     request.extensions_mut().insert(caller);
