@@ -45,9 +45,11 @@ use tower::ServiceExt as _;
 
 use crate::config::Settings;
 
-/// The most a connection buffers of a request head (a larger head gets
-/// 431): hyper's read buffer, which otherwise grows to about 400 KiB a
-/// connection.
+/// The size past which hyper's read buffer for a request head stops
+/// growing (it otherwise grows to about 400 KiB a connection). hyper reads
+/// into whatever room the buffer has, so a head of up to about twice this
+/// is still read; a larger one gets 431. A bound on memory, not an exact
+/// cap on heads.
 const MAX_HEAD_BUFFER: usize = 64 << 10;
 
 /// How long the accept loop waits after the system refused a connection
