@@ -206,7 +206,7 @@ async fn read_capped(body: Body, cap: usize) -> Result<Bytes, ApiError> {
             ReadError::Body(BodyError::TimedOut(_)) => {
                 ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
             }
-            // Busy as when every run slot is taken: the server's, not this token's, limit.
+            // Busy as when every run slot is taken: the server's budget, or this token's share of it.
             ReadError::Body(BodyError::OverBudget(_) | BodyError::OverShare(_)) => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
                     .header(header::RETRY_AFTER, HeaderValue::from_static("1"))

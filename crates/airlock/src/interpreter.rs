@@ -286,6 +286,10 @@ impl Interpreter {
 /// `HOME` says and as /etc/passwd says (HOME may be unset or another's,
 /// under sudo, su or a service), or airlock's data folder.
 fn check_folders(folders: &[&Path], found: &Path) -> Result<(), Error> {
+    // Under /usr, nothing is bound whole: no reason to look (an image opens at every cold run).
+    if folders.is_empty() {
+        return Ok(());
+    }
     let real = |path: PathBuf| fs::canonicalize(&path).unwrap_or(path);
     let mut private: Vec<(PathBuf, &str)> = Vec::new();
     if let Some(home) = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute()) {
